@@ -1,0 +1,76 @@
+"""Boundary checks: every public entry point validates its inputs here, once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vecstore.errors import InvalidValueError, ShapeError
+
+__all__ = ["check_tensor", "check_finite", "check_index", "parse_dtype", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """Return the torch dtype for ``dtype`` (a dtype or its name); only float types."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in SUPPORTED_DTYPES.values():
+            return dtype
+    elif isinstance(dtype, str):
+        name = dtype.removeprefix("torch.")
+        if name in SUPPORTED_DTYPES:
+            return SUPPORTED_DTYPES[name]
+    raise InvalidValueError(
+        f"dtype: expected one of {sorted(SUPPORTED_DTYPES)}, got {dtype!r}"
+    )
+
+
+def _fmt(shape: Sequence[int | None]) -> str:
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+
+
+def check_tensor(
+    x: object,
+    name: str,
+    *,
+    shape: Sequence[int | None],
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Check that ``x`` is a tensor of ``shape`` (``None`` = any size) and ``dtype``.
+
+    Raises
+    ------
+    ShapeError
+        Naming ``name``, the expected and the received shape and dtype.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ShapeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    want = _fmt(shape) + (f" {str(dtype).removeprefix('torch.')}" if dtype else "")
+    got = _fmt(tuple(x.shape)) + f" {str(x.dtype).removeprefix('torch.')}"
+    if x.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, x.shape)):
+        raise ShapeError(f"{name}: expected shape {want}, got {got}")
+    if dtype is not None and x.dtype != dtype:
+        raise ShapeError(f"{name}: expected dtype {want}, got {got}")
+    return x
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    """Raise :class:`InvalidValueError` if ``x`` holds NaN or Inf."""
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise InvalidValueError(f"{name}: contains {bad} NaN/Inf value(s)")
+
+
+def check_index(value: object, name: str, upper: int) -> int:
+    """Check ``0 <= value < upper`` for an integer index."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValueError(f"{name}: expected an integer, got {value!r}")
+    if not 0 <= value < upper:
+        raise InvalidValueError(f"{name}: expected 0 <= {name} < {upper}, got {value}")
+    return value

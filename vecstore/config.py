@@ -1,0 +1,430 @@
+"""Store configuration: frozen, validated dataclasses loadable from TOML or a dict.
+
+Every section has its own dataclass; :class:`StoreConfig` nests them. Unknown keys and
+out-of-range values raise :class:`~vecstore.errors.ConfigError` naming the dotted key.
+
+Examples
+--------
+>>> cfg = StoreConfig.from_dict({"attention": {"retrieval_budget": 0.05}})
+>>> cfg.attention.retrieval_budget
+0.05
+>>> StoreConfig.from_dict(cfg.to_dict()) == cfg
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vecstore.errors import ConfigError
+
+__all__ = [
+    "IndexConfig",
+    "AttentionConfig",
+    "ClusterConfig",
+    "CacheConfig",
+    "ExecutorConfig",
+    "KVStoreConfig",
+    "LayerOverride",
+    "LayerConfig",
+    "StoreConfig",
+    "load_config",
+]
+
+_FIXED_FOR_STORE = ("index.kind", "index.tokens_per_cluster", "index.segment_tokens",
+                    "index.kmeans_iters", "index.page_tokens", "attention.sink_tokens",
+                    "attention.update_tokens", "cluster.seed")
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexConfig:
+    """How each layer's indexed tokens are organised.
+
+    Attributes
+    ----------
+    kind : str
+        Index implementation: ``wave`` (clustered, the method), ``flat`` (exact),
+        ``quest`` (page min/max bounds), ``sink_window`` (recency only) or
+        ``topk_oracle`` (exact top-k tokens, the ceiling of retrieval-only methods).
+    tokens_per_cluster : int
+        Average tokens per k-means cluster (16: small enough that a retrieved cluster
+        wastes few reads, large enough that centroid scoring is 16x cheaper than keys).
+    segment_tokens : int
+        Tokens clustered together as one segment (8192: keeps k-means cheap and local
+        in position, which RoPE makes meaningful).
+    kmeans_iters : int
+        Spherical k-means iterations per segment (10, as in the reference).
+    page_tokens : int
+        Page size of the ``quest`` and ``sink_window`` indexes (16, Quest's default).
+    """
+
+    kind: str = "wave"
+    tokens_per_cluster: int = 16
+    segment_tokens: int = 8192
+    kmeans_iters: int = 10
+    page_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        _check(self.tokens_per_cluster >= 1, "index.tokens_per_cluster", "must be >= 1")
+        _check(self.segment_tokens >= self.tokens_per_cluster, "index.segment_tokens",
+               f"must be >= tokens_per_cluster ({self.tokens_per_cluster})")
+        _check(self.kmeans_iters >= 0, "index.kmeans_iters", "must be >= 0")
+        _check(self.page_tokens >= 1, "index.page_tokens", "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionConfig:
+    """The three zones of tripartite attention and their budgets.
+
+    Attributes
+    ----------
+    sink_tokens : int
+        First tokens of a sequence always attended exactly (4: attention sinks).
+    window_tokens : int
+        Most recent tokens always attended exactly (64).
+    retrieval_budget : float
+        Fraction of index units (clusters, pages or tokens) fetched exactly per query
+        (0.018, the reference's default).
+    estimation_budget : float
+        Fraction of units, ranked after the retrieved ones, approximated from their
+        centroids and value sums (0.232 … 1.0; 1.0 estimates every unit, costing only
+        the value-sum reads since all centroids are scored anyway). Units beyond it are
+        dropped. Only indexes with centroids (``wave``) estimate.
+    update_tokens : int
+        Decode tokens kept in the steady zone before they are clustered into a new
+        segment (1024).
+    """
+
+    sink_tokens: int = 4
+    window_tokens: int = 64
+    retrieval_budget: float = 0.018
+    estimation_budget: float = 0.232
+    update_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        _check(self.sink_tokens >= 0, "attention.sink_tokens", "must be >= 0")
+        _check(self.window_tokens >= 0, "attention.window_tokens", "must be >= 0")
+        _check(0.0 < self.retrieval_budget <= 1.0, "attention.retrieval_budget",
+               f"must be in (0, 1], got {self.retrieval_budget}")
+        _check(0.0 <= self.estimation_budget <= 1.0, "attention.estimation_budget",
+               f"must be in [0, 1], got {self.estimation_budget}")
+        _check(self.update_tokens >= 1, "attention.update_tokens", "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """Which k-means backend builds the wave index.
+
+    Attributes
+    ----------
+    kind : str
+        ``torch`` (CPU and CUDA, default), ``faiss`` (faiss-cpu, or faiss-gpu when
+        installed) or ``cupy`` (CUDA).
+    seed : int
+        Seed for any randomness in a backend; the strided initialisation itself is
+        deterministic.
+    """
+
+    kind: str = "torch"
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """The GPU block cache in front of offloaded KV.
+
+    Attributes
+    ----------
+    policy : str
+        Replacement policy: ``lru`` (default), ``fifo``, ``lfu``, ``clock`` and others
+        registered in :data:`vecstore.cache.POLICIES`.
+    capacity : float
+        Cache size as a fraction of a layer's clusters (0.05, the reference's default).
+    """
+
+    policy: str = "lru"
+    capacity: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check(0.0 < self.capacity <= 1.0, "cache.capacity",
+               f"must be in (0, 1], got {self.capacity}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorConfig:
+    """How a query plan is computed.
+
+    Attributes
+    ----------
+    kind : str
+        ``torch`` (the reference, CPU and CUDA) or a faster registered executor.
+    device : str
+        Device the executor computes on: ``cpu``, ``cuda`` or ``cuda:N``.
+    buffer_factor : float
+        Execution-buffer size in multiples of the retrieval budget (4.0): room for the
+        retrieved clusters when their sizes exceed the average.
+    """
+
+    kind: str = "torch"
+    device: str = "cpu"
+    buffer_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        _check(self.buffer_factor >= 1.0, "executor.buffer_factor", "must be >= 1")
+        _check(self.device == "cpu" or self.device.startswith("cuda"), "executor.device",
+               f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVStoreConfig:
+    """Where the indexed KV rows live.
+
+    Attributes
+    ----------
+    kind : str
+        ``memory`` (tensors on the executor's device) or ``pinned`` (host memory,
+        fetched through the block cache).
+    pinned_budget_gb : float
+        Upper bound on pinned host memory; 0 means unbounded.
+    gpu_budget_gb : float
+        Upper bound on GPU memory for the cache and buffers; 0 means unbounded.
+    """
+
+    kind: str = "memory"
+    pinned_budget_gb: float = 0.0
+    gpu_budget_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.pinned_budget_gb >= 0, "kvstore.pinned_budget_gb", "must be >= 0")
+        _check(self.gpu_budget_gb >= 0, "kvstore.gpu_budget_gb", "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerOverride:
+    """Per-layer changes to the store-wide settings.
+
+    Attributes
+    ----------
+    exact : bool
+        Keep this layer exact: every token is attended (early layers often attend
+        diffusely).
+    retrieval_budget : float | None
+        This layer's retrieval budget, or ``None`` for the store-wide one.
+    estimation_budget : float | None
+        This layer's estimation budget, or ``None`` for the store-wide one.
+    """
+
+    exact: bool = False
+    retrieval_budget: float | None = None
+    estimation_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.retrieval_budget is not None:
+            _check(0.0 < self.retrieval_budget <= 1.0, "layers.*.retrieval_budget",
+                   f"must be in (0, 1], got {self.retrieval_budget}")
+        if self.estimation_budget is not None:
+            _check(0.0 <= self.estimation_budget <= 1.0, "layers.*.estimation_budget",
+                   f"must be in [0, 1], got {self.estimation_budget}")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerConfig:
+    """The effective settings of one layer (store-wide values with overrides applied)."""
+
+    exact: bool
+    retrieval_budget: float
+    estimation_budget: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """Every setting of a store.
+
+    Attributes
+    ----------
+    index : IndexConfig
+        Index kind and clustering granularity.
+    attention : AttentionConfig
+        Zones and budgets.
+    cluster : ClusterConfig
+        k-means backend.
+    cache : CacheConfig
+        Block cache policy and size.
+    executor : ExecutorConfig
+        Executor kind and device.
+    kvstore : KVStoreConfig
+        KV placement and memory budgets.
+    layers : dict[int, LayerOverride]
+        Per-layer overrides, keyed by layer index.
+    """
+
+    index: IndexConfig = field(default_factory=IndexConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    kvstore: KVStoreConfig = field(default_factory=KVStoreConfig)
+    layers: dict[int, LayerOverride] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for layer in self.layers:
+            _check(isinstance(layer, int) and layer >= 0, f"layers.{layer}",
+                   "layer keys must be non-negative integers")
+
+    def for_layer(self, layer: int) -> LayerConfig:
+        """Effective settings of ``layer``."""
+        o = self.layers.get(layer, LayerOverride())
+        a = self.attention
+        return LayerConfig(
+            exact=o.exact,
+            retrieval_budget=a.retrieval_budget if o.retrieval_budget is None else o.retrieval_budget,
+            estimation_budget=(a.estimation_budget if o.estimation_budget is None
+                               else o.estimation_budget),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (layer keys as strings, as TOML needs)."""
+        d = {f.name: dataclasses.asdict(getattr(self, f.name))
+             for f in dataclasses.fields(self) if f.name != "layers"}
+        d["layers"] = {str(k): dataclasses.asdict(v) for k, v in sorted(self.layers.items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StoreConfig:
+        """Build from a (possibly partial) nested mapping, validating every key."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
+        sections = {f.name: f for f in dataclasses.fields(cls)}
+        _reject_unknown(data, sections, "")
+        kwargs: dict[str, Any] = {}
+        for name, value in data.items():
+            if name == "layers":
+                kwargs["layers"] = _layers_from(value)
+            else:
+                kwargs[name] = _section_from(_SECTIONS[name], value, name)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> StoreConfig:
+        """Load from a TOML file."""
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"config file {str(path)!r}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+        return cls.from_dict(data)
+
+    def conflicts_with(self, stored: StoreConfig) -> list[str]:
+        """Keys whose values differ from ``stored`` and cannot change for an existing store."""
+        mine, theirs = self.to_dict(), stored.to_dict()
+        out = []
+        for key in _FIXED_FOR_STORE:
+            sec, name = key.split(".")
+            if mine[sec][name] != theirs[sec][name]:
+                out.append(f"{key} (stored {theirs[sec][name]!r}, given {mine[sec][name]!r})")
+        return out
+
+
+_SECTIONS: dict[str, type] = {
+    "index": IndexConfig,
+    "attention": AttentionConfig,
+    "cluster": ClusterConfig,
+    "cache": CacheConfig,
+    "executor": ExecutorConfig,
+    "kvstore": KVStoreConfig,
+}
+
+
+def _reject_unknown(data: Mapping[str, Any], known: Mapping[str, Any], prefix: str) -> None:
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], key)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _section_from(cls: type, value: Any, prefix: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{prefix}: expected a table of settings, got {value!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _reject_unknown(value, fields, f"{prefix}.")
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in value.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        msg = str(exc)
+        raise ConfigError(msg.replace("layers.*", prefix) if prefix.startswith("layers")
+                          else msg) from None
+
+
+def _layers_from(value: Any) -> dict[int, LayerOverride]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"layers: expected a table keyed by layer index, got {value!r}")
+    out: dict[int, LayerOverride] = {}
+    for key, override in value.items():
+        try:
+            layer = int(key)
+        except (TypeError, ValueError):
+            raise ConfigError(f"layers.{key}: layer keys must be integers") from None
+        if layer < 0:
+            raise ConfigError(f"layers.{key}: layer keys must be >= 0")
+        out[layer] = _section_from(LayerOverride, override, f"layers.{key}")
+    return out
+
+
+def load_config(config: StoreConfig | Mapping[str, Any] | str | Path | None) -> StoreConfig:
+    """Accept a :class:`StoreConfig`, a mapping, a TOML path or ``None`` (defaults)."""
+    if config is None:
+        return StoreConfig()
+    if isinstance(config, StoreConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        return StoreConfig.from_toml(config)
+    if isinstance(config, Mapping):
+        return StoreConfig.from_dict(config)
+    raise ConfigError(f"config: expected StoreConfig, dict, TOML path or None, "
+                      f"got {type(config).__name__}")
