@@ -290,7 +290,8 @@ class StoreConfig:
         a = self.attention
         return LayerConfig(
             exact=o.exact,
-            retrieval_budget=a.retrieval_budget if o.retrieval_budget is None else o.retrieval_budget,
+            retrieval_budget=(a.retrieval_budget if o.retrieval_budget is None
+                              else o.retrieval_budget),
             estimation_budget=(a.estimation_budget if o.estimation_budget is None
                                else o.estimation_budget),
         )

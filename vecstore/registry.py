@@ -32,10 +32,14 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``; a duplicate name raises."""
+        """Decorator registering ``obj`` under ``name``.
+
+        A name already taken by a different object raises; re-registering the same
+        definition (a module imported again, e.g. by ``importlib.reload``) replaces it.
+        """
 
         def deco(obj: T) -> T:
-            if name in self._items:
+            if name in self._items and _qualname(self._items[name]) != _qualname(obj):
                 raise ConfigError(f"{self.what} {name!r} is already registered")
             if name != name.lower() or not name.replace("_", "").isalnum():
                 raise ConfigError(f"{self.what} name {name!r} must be lowercase snake_case")
@@ -68,3 +72,7 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
+
+
+def _qualname(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -1,0 +1,8 @@
+"""Executors: compute attention for a query plan (torch reference, kernels, gathers)."""
+
+from vecstore.executor import torch_ref as torch_ref
+from vecstore.executor.base import EXECUTORS as EXECUTORS
+from vecstore.executor.base import Executor as Executor
+from vecstore.executor.base import Steady as Steady
+
+__all__ = ["EXECUTORS", "Executor", "Steady"]

@@ -1,0 +1,68 @@
+"""The Executor interface: computes tripartite attention for a batch of sequences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from vecstore.config import LayerConfig
+from vecstore.index.base import Index, IndexView
+from vecstore.registry import Registry
+from vecstore.types import QueryStats
+
+__all__ = ["Steady", "Executor", "EXECUTORS"]
+
+
+@dataclass(frozen=True, slots=True)
+class Steady:
+    """The exact steady zone of ``B`` sequences (sinks and not-yet-indexed tokens).
+
+    Attributes
+    ----------
+    keys, values : torch.Tensor
+        ``[B, Hkv, S, D]``, padded at the end.
+    lengths : torch.Tensor
+        ``[B]`` int64 valid rows per sequence.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    lengths: torch.Tensor
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs one layer's query: steady zone + retrieved units + estimated units, merged."""
+
+    def run(
+        self, index: Index, view: IndexView | None, steady: Steady, q: torch.Tensor,
+        scale: float, layer: LayerConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor, QueryStats]:
+        """Attention of ``q`` over every stored token of each sequence.
+
+        Parameters
+        ----------
+        index : Index
+            The layer's index (ranks units).
+        view : IndexView | None
+            Indexed units of the ``B`` sequences, ``None`` when nothing is indexed yet.
+        steady : Steady
+            The steady zone.
+        q : torch.Tensor
+            ``[B, Hq, L, D]`` queries.
+        scale : float
+            Softmax scale.
+        layer : LayerConfig
+            The layer's budgets.
+
+        Returns
+        -------
+        tuple
+            ``out [B, Hq, L, D]`` (``q.dtype``), ``lse [B, Hq, L]`` float32, and stats.
+        """
+        ...
+
+
+EXECUTORS: Registry[type] = Registry("executor")

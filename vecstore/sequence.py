@@ -1,0 +1,180 @@
+"""A sequence: one context's KV cache (layers x KV heads x tokens), the store's table."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from vecstore.checks import check_finite, check_index, check_tensor
+from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
+from vecstore.executor.base import Steady
+from vecstore.index.base import IndexView
+from vecstore.layer import LayerState
+from vecstore.types import QueryResult, SearchResult
+
+if TYPE_CHECKING:
+    from vecstore.store import Store
+
+__all__ = ["Sequence"]
+
+
+class Sequence:
+    """Handle to one stored sequence; create it with :meth:`vecstore.Store.create`.
+
+    Examples
+    --------
+    >>> from vecstore import Store
+    >>> with Store.open() as store:
+    ...     seq = store.create("doc", num_layers=1, num_kv_heads=2, head_dim=8,
+    ...                        dtype=torch.float32)
+    ...     seq.append(0, torch.randn(2, 100, 8), torch.randn(2, 100, 8))
+    ...     res = seq.query(0, torch.randn(4, 1, 8))
+    >>> res.out.shape, res.stats.tokens_total
+    (torch.Size([4, 1, 8]), 100)
+    """
+
+    def __init__(self, store: Store, name: str, *, num_layers: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device,
+                 fingerprint: str | None) -> None:
+        self._store = store
+        self.name = name
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        self.fingerprint = fingerprint
+        self.is_dropped = False
+        self.layers = [
+            LayerState(num_kv_heads, head_dim, dtype, device, store.index_for(layer), store.config)
+            for layer in range(num_layers)
+        ]
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.name!r}, layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype}, tokens={self.num_tokens})")
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens stored in layer 0 (every layer holds as many once a step has finished)."""
+        return self.layers[0].num_tokens
+
+    def tokens(self, layer: int) -> int:
+        """Tokens stored in ``layer``."""
+        return self.layers[check_index(layer, "layer", self.num_layers)].num_tokens
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store new tokens of one layer, indexing them once enough have accumulated.
+
+        Parameters
+        ----------
+        layer : int
+            Layer index, ``0 <= layer < num_layers``.
+        keys, values : torch.Tensor
+            ``[Hkv, T, D]`` of the sequence's dtype (any device; moved to the sequence's),
+            post-RoPE, ``T >= 1``. Prefill in one call, decode one token at a time.
+
+        Raises
+        ------
+        ShapeError, InvalidValueError, SequenceDroppedError
+            Before anything is stored.
+        """
+        self._check_alive()
+        check_index(layer, "layer", self.num_layers)
+        shape = (self.num_kv_heads, None, self.head_dim)
+        check_tensor(keys, "keys", shape=shape, dtype=self.dtype)
+        check_tensor(values, "values", shape=(self.num_kv_heads, keys.shape[1], self.head_dim),
+                     dtype=self.dtype)
+        if keys.shape[1] == 0:
+            raise ShapeError("keys: expected at least one token, got shape "
+                             f"{tuple(keys.shape)}")
+        check_finite(keys, "keys")
+        check_finite(values, "values")
+        self._store.append_tokens(self, layer, keys.to(self.device).contiguous(),
+                                  values.to(self.device).contiguous())
+
+    def query(self, layer: int, q: torch.Tensor, *, scale: float | None = None) -> QueryResult:
+        """Attention of ``q`` over every stored token of ``layer``.
+
+        Parameters
+        ----------
+        layer : int
+            Layer index.
+        q : torch.Tensor
+            ``[Hq, L, D]`` queries of the sequence's dtype; ``Hq`` a multiple of the KV
+            heads (GQA). Queries attend to all stored tokens (no causal mask).
+        scale : float, optional
+            Softmax scale, ``1/sqrt(D)`` by default.
+
+        Returns
+        -------
+        QueryResult
+            ``out [Hq, L, D]``, ``lse [Hq, L]`` and stats.
+        """
+        self._check_alive()
+        res = self._store.query([self], layer, _as_batch(q), scale=scale)
+        return QueryResult(out=res.out[0], lse=res.lse[0], stats=res.stats)
+
+    def search(self, layer: int, q: torch.Tensor, k: int, *,
+               scale: float | None = None) -> SearchResult:
+        """The raw index probe: the ``k`` best-ranked units of each KV head for ``q``.
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[Hq, L, D]`` queries (ranking sums over the GQA group and the L tokens).
+        k : int
+            Units to return per KV head; heads with fewer units are padded with
+            id ``-1`` and score ``-inf``.
+        """
+        self._check_alive()
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidValueError(f"k: expected a positive integer, got {k!r}")
+        check_index(layer, "layer", self.num_layers)
+        qg, scale = self._store.check_query([self], layer, _as_batch(q), scale)
+        state = self.layers[layer]
+        view = state.view()
+        H = self.num_kv_heads
+        ids = torch.full((H, k), -1, dtype=torch.long, device=self.device)
+        scores = torch.full((H, k), float("-inf"), device=self.device)
+        if view is not None:
+            ranked = state.index.rank(view, qg, scale)[0]  # [H, C]
+            top = torch.topk(ranked, min(k, ranked.shape[-1]), dim=-1)
+            n = top.indices.shape[-1]
+            found = torch.isfinite(top.values)
+            ids[:, :n] = top.indices.masked_fill(~found, -1)
+            scores[:, :n] = top.values
+        return SearchResult(ids=ids, scores=scores)
+
+    def steady(self, layer: int) -> Steady:
+        """The steady zone of ``layer`` as a one-row batch."""
+        k, v = self.layers[layer].steady()
+        return Steady(k[None], v[None], torch.tensor([k.shape[1]], device=self.device))
+
+    def view(self, layer: int) -> IndexView | None:
+        """The indexed units of ``layer`` (``None`` before the first segment)."""
+        return self.layers[layer].view()
+
+    def _check_alive(self) -> None:
+        if self.is_dropped:
+            raise SequenceDroppedError(f"sequence {self.name!r} was dropped")
+        self._store.check_open()
+
+
+def _bad_q(q: object) -> torch.Tensor:
+    if isinstance(q, torch.Tensor):
+        raise ShapeError(f"q: expected shape (Hq, L, D), got {tuple(q.shape)}")
+    raise ShapeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
+
+
+def _as_batch(q: object) -> torch.Tensor:
+    if isinstance(q, torch.Tensor) and q.dim() == 3:
+        return q[None]
+    return _bad_q(q)
+
+
+def default_scale(head_dim: int) -> float:
+    """The usual softmax scale ``1/sqrt(head_dim)``."""
+    return 1.0 / math.sqrt(head_dim)
