@@ -1,0 +1,32 @@
+"""Exact references the approximate code is checked against (float64)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q [Hq, L, D]`` over all of ``keys/values [Hkv, T, D]`` (GQA), in
+    float64. Returns ``out [Hq, L, D]`` and ``lse [Hq, L]``."""
+    Hq, _, D = q.shape
+    g = Hq // keys.shape[0]
+    scale = D ** -0.5 if scale is None else scale
+    k = keys.double().repeat_interleave(g, 0)
+    v = values.double().repeat_interleave(g, 0)
+    logits = scale * q.double() @ k.transpose(1, 2)
+    return torch.softmax(logits, -1) @ v, torch.logsumexp(logits, -1)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error ``|x - ref| / |ref|``."""
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+def clustered_keys(num_heads: int, num_tokens: int, dim: int, num_centers: int,
+                   spread: float, gen: torch.Generator) -> torch.Tensor:
+    """Keys drawn from a Gaussian mixture: structure like real attention keys."""
+    centers = 3.0 * torch.randn(num_heads, num_centers, dim, generator=gen)
+    pick = torch.randint(0, num_centers, (num_heads, num_tokens), generator=gen)
+    noise = spread * torch.randn(num_heads, num_tokens, dim, generator=gen)
+    return torch.gather(centers, 1, pick[..., None].expand(-1, -1, dim)) + noise
