@@ -1,0 +1,125 @@
+"""Split-K helpers shared by the Triton kernels: how many splits, and the combine kernel.
+
+A long reduction (over keys or clusters) is cut into ``S`` splits so that enough programs run
+at small batch (flash-decoding). Each split writes a normalised partial state ``(out, lse)``;
+:func:`combine_splits` merges the ``S`` states of every row by log-sum-exp in one launch.
+With ``S = 1`` the split kernel writes the final state directly and no combine runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from vecstore.kernels._backend import LazyKernel
+
+__all__ = ["plan_splits", "combine_splits", "MAX_SPLITS"]
+
+MAX_SPLITS = 64
+# Programs to aim for per streaming multiprocessor; the interpreter (CPU) gets a small fixed
+# target so that tests still exercise several splits on tiny shapes.
+_PROGRAMS_PER_SM = 4
+_INTERPRETER_PROGRAMS = 8
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def plan_splits(rows: int, length: int, block: int, device: torch.device) -> tuple[int, int]:
+    """Choose the splits of a reduction of ``length`` items over ``rows`` independent rows.
+
+    Parameters
+    ----------
+    rows : int
+        Independent rows (programs without splitting), e.g. ``B * Hkv``.
+    length : int
+        Items reduced per row (keys, clusters).
+    block : int
+        Items one loop iteration handles; a split covers a multiple of it.
+    device : torch.device
+        Where the kernel runs (its multiprocessor count sets the target).
+
+    Returns
+    -------
+    num_splits : int
+        Splits per row, ``1 <= num_splits <= MAX_SPLITS``.
+    split_len : int
+        Items per split, a multiple of ``block``; ``num_splits * split_len >= length``.
+    """
+    if device.type == "cuda":
+        target = _PROGRAMS_PER_SM * _num_sms(device.index or 0)
+    else:
+        target = _INTERPRETER_PROGRAMS
+    blocks = max(1, triton.cdiv(length, block))
+    wanted = min(blocks, MAX_SPLITS, max(1, triton.cdiv(target, max(rows, 1))))
+    split_len = triton.cdiv(blocks, wanted) * block
+    return max(1, triton.cdiv(length, split_len)), split_len
+
+
+def _combine_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    num_splits,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < D
+    lse_i = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse_i, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_i - m_safe)  # [BLOCK_S]; 0 for empty or masked splits
+    denom = tl.sum(w, axis=0)
+    o = tl.load(
+        part_out_ptr + (row * num_splits + offs_s)[:, None] * D + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    acc = tl.sum(w[:, None] * o, axis=0)
+    has_mass = denom > 0
+    denom_safe = tl.where(has_mass, denom, 1.0)
+    tl.store(out_ptr + row * D + offs_d, acc / denom_safe, mask=d_mask)
+    tl.store(lse_ptr + row, tl.where(has_mass, m_safe + tl.log(denom_safe), float("-inf")))
+
+
+_COMBINE = LazyKernel(_combine_kernel)
+
+
+def combine_splits(
+    part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> None:
+    """Merge per-split states into ``out`` and ``lse`` (written in place).
+
+    Parameters
+    ----------
+    part_out : torch.Tensor
+        ``[rows, S, D]`` float32 normalised partial outputs (0 for an empty split).
+    part_lse : torch.Tensor
+        ``[rows, S]`` float32 partial log-sum-exp (``-inf`` for an empty split).
+    out : torch.Tensor
+        ``[rows, D]`` float32, written.
+    lse : torch.Tensor
+        ``[rows]`` float32, written (``-inf`` where every split is empty, with ``out`` 0).
+    """
+    rows, num_splits, dim = part_out.shape
+    _COMBINE[(rows,)](
+        part_out,
+        part_lse,
+        out,
+        lse,
+        num_splits,
+        D=dim,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=triton.next_power_of_2(dim),
+    )
