@@ -1,0 +1,38 @@
+"""The block cache in front of offloaded KV and its pluggable replacement policies.
+
+Policies are chosen by name (config key ``cache.policy``) from :data:`POLICIES`.
+"""
+
+from vecstore.cache.arc import ARCPolicy as ARCPolicy
+from vecstore.cache.base import POLICIES as POLICIES
+from vecstore.cache.base import CachePolicy as CachePolicy
+from vecstore.cache.base import make_policy as make_policy
+from vecstore.cache.block_cache import Admission as Admission
+from vecstore.cache.block_cache import BlockCache as BlockCache
+from vecstore.cache.block_cache import CacheStats as CacheStats
+from vecstore.cache.block_cache import HeadAdmission as HeadAdmission
+from vecstore.cache.block_cache import HeadLookup as HeadLookup
+from vecstore.cache.block_cache import Lookup as Lookup
+from vecstore.cache.clock import ClockPolicy as ClockPolicy
+from vecstore.cache.fifo import FIFOPolicy as FIFOPolicy
+from vecstore.cache.lfu import LFUPolicy as LFUPolicy
+from vecstore.cache.lru import LRUPolicy as LRUPolicy
+from vecstore.cache.s3fifo import S3FIFOPolicy as S3FIFOPolicy
+
+__all__ = [
+    "POLICIES",
+    "CachePolicy",
+    "make_policy",
+    "LRUPolicy",
+    "FIFOPolicy",
+    "LFUPolicy",
+    "ClockPolicy",
+    "ARCPolicy",
+    "S3FIFOPolicy",
+    "BlockCache",
+    "Lookup",
+    "HeadLookup",
+    "Admission",
+    "HeadAdmission",
+    "CacheStats",
+]

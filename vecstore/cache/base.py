@@ -1,0 +1,148 @@
+"""The :class:`CachePolicy` protocol, the policy registry and helpers shared by policies.
+
+A policy decides which keys of a fixed-capacity cache stay resident. It only keeps
+bookkeeping: where the cached data lives (slots, tensors) is the caller's business,
+see :class:`vecstore.cache.BlockCache`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Hashable, Iterable
+from typing import Protocol, TypeVar, runtime_checkable
+
+from vecstore.errors import CapacityError, InvalidValueError, NotFoundError
+from vecstore.registry import Registry
+
+__all__ = ["CachePolicy", "POLICIES", "make_policy", "check_capacity", "check_absent",
+           "first_unprotected", "not_resident"]
+
+K = TypeVar("K", bound=Hashable)
+
+
+@runtime_checkable
+class CachePolicy(Protocol):
+    """Admission and eviction for a cache holding at most ``capacity`` keys.
+
+    Keys are hashable (ints or tuples such as ``(sequence, kv_head, cluster)``). The
+    caller reports every hit with :meth:`touch` and every miss it wants cached with
+    :meth:`admit`; the policy answers which resident keys to evict.
+    """
+
+    @property
+    def capacity(self) -> int:
+        """Most keys resident at once (>= 1)."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of resident keys."""
+        ...
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is resident."""
+        ...
+
+    def touch(self, key: Hashable) -> None:
+        """Record a hit on the resident ``key``; raise :class:`NotFoundError` otherwise."""
+        ...
+
+    def admit(
+        self, key: Hashable, *, protected: Container[Hashable] = frozenset()
+    ) -> list[Hashable]:
+        """Make the non-resident ``key`` resident and return the keys evicted for it.
+
+        Parameters
+        ----------
+        key : Hashable
+            A key that is not resident (:class:`InvalidValueError` otherwise).
+        protected : Container[Hashable]
+            Keys that must not be evicted (those used by the current step).
+
+        Returns
+        -------
+        list[Hashable]
+            Resident keys evicted to make room, none of them in ``protected``; empty
+            while the cache is not full. ``len(self) <= capacity`` always holds.
+
+        Raises
+        ------
+        CapacityError
+            The cache is full and every resident key is protected; nothing changes.
+        """
+        ...
+
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key`` (resident or remembered in a history); no-op if unknown."""
+        ...
+
+    def keys(self) -> list[Hashable]:
+        """The resident keys, in the policy's eviction order where it has one."""
+        ...
+
+
+POLICIES: Registry[Callable[[int], CachePolicy]] = Registry("cache policy")
+"""Replacement policies by name: ``lru``, ``fifo``, ``lfu``, ``clock``, ``arc``, ``s3fifo``."""
+
+
+def make_policy(name: str, capacity: int) -> CachePolicy:
+    """Build the policy registered as ``name`` for ``capacity`` keys.
+
+    Parameters
+    ----------
+    name : str
+        A name from ``POLICIES.names()``, as given in the config key ``cache.policy``.
+    capacity : int
+        Most keys resident at once, >= 1.
+
+    Raises
+    ------
+    ConfigError
+        ``name`` is not registered; the message lists the known names.
+    InvalidValueError
+        ``capacity`` is not an integer >= 1.
+
+    Examples
+    --------
+    >>> lru = make_policy("lru", 2)
+    >>> lru.admit("a"), lru.admit("b")
+    ([], [])
+    >>> lru.touch("a")
+    >>> lru.admit("c")
+    ['b']
+    >>> lru.keys()
+    ['a', 'c']
+    """
+    return POLICIES.get(name)(capacity)
+
+
+def check_capacity(capacity: object) -> int:
+    """Return ``capacity`` if it is an integer >= 1, else raise :class:`InvalidValueError`."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise InvalidValueError(f"capacity: expected an integer >= 1, got {capacity!r}")
+    if capacity < 1:
+        raise InvalidValueError(f"capacity: expected an integer >= 1, got {capacity}")
+    return capacity
+
+
+def check_absent(policy: CachePolicy, key: Hashable) -> None:
+    """Raise :class:`InvalidValueError` if ``key`` is already resident in ``policy``."""
+    if key in policy:
+        raise InvalidValueError(f"admit: key {key!r} is already resident; call touch() for a hit")
+
+
+def first_unprotected(order: Iterable[K], protected: Container[Hashable], key: Hashable) -> K:
+    """The first key of ``order`` not in ``protected``: the victim that makes room for ``key``.
+
+    Raises
+    ------
+    CapacityError
+        Every key of ``order`` is protected.
+    """
+    for k in order:
+        if k not in protected:
+            return k
+    raise CapacityError(f"admit: every resident key is protected; no room for {key!r}")
+
+
+def not_resident(key: Hashable) -> NotFoundError:
+    """The error :meth:`CachePolicy.touch` raises for a key that is not resident."""
+    return NotFoundError(f"touch: key {key!r} is not resident; call admit() for a miss")
