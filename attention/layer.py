@@ -1,0 +1,146 @@
+"""The framework-neutral entry point: (q, k, v, layer, validity) in, attention output out.
+
+A model binding (``integrations.hf`` for transformers) calls :class:`StoreAttention`
+from each attention layer with the step's post-RoPE queries, keys and values. Steps with
+several tokens go through :func:`attention.prefill.prefill`, single-token steps over a
+non-empty store through :func:`attention.decode.decode`; either way the valid tokens end
+up in the store, one :class:`vecstore.Sequence` per batch row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attention.decode import decode
+from attention.gqa import group_size
+from attention.prefill import prefill
+from vecstore import Sequence, Store
+from vecstore.checks import check_tensor
+from vecstore.errors import InvalidValueError, ShapeError
+from vecstore.types import QueryStats
+
+__all__ = ["StoreAttention", "DecodeStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStats:
+    """What the decode queries read, summed over layers, steps and batch rows.
+
+    Attributes
+    ----------
+    queries : int
+        Layer queries answered by the store (decode steps x layers).
+    tokens_total : int
+        Tokens stored when each query ran, summed.
+    tokens_exact : int
+        Tokens attended exactly (steady zone + retrieved units), summed.
+    estimated_mass : float
+        Mean share of softmax mass carried by the estimation zone.
+    """
+
+    queries: int = 0
+    tokens_total: int = 0
+    tokens_exact: int = 0
+    estimated_mass: float = 0.0
+
+    @property
+    def exact_fraction(self) -> float:
+        """Share of the context read exactly per query (1.0 before any query)."""
+        return self.tokens_exact / self.tokens_total if self.tokens_total else 1.0
+
+    def add(self, stats: QueryStats) -> DecodeStats:
+        """These stats with one more query's folded in."""
+        n = self.queries + 1
+        return DecodeStats(
+            queries=n, tokens_total=self.tokens_total + stats.tokens_total,
+            tokens_exact=self.tokens_exact + stats.tokens_exact,
+            estimated_mass=self.estimated_mass + (stats.estimated_mass - self.estimated_mass) / n,
+        )
+
+
+class StoreAttention:
+    """Attention for one batch of sequences of a store, layer by layer.
+
+    Parameters
+    ----------
+    store : Store
+        The store that holds ``seqs``.
+    seqs : list[Sequence]
+        One sequence per batch row, all with the same shape.
+
+    Examples
+    --------
+    >>> from vecstore import Store
+    >>> store = Store.open()
+    >>> seqs = [store.create(n, num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+    ...         for n in ("a", "b")]
+    >>> attn = StoreAttention(store, seqs)
+    >>> q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    >>> valid = torch.tensor([[True] * 5, [False, False, True, True, True]])
+    >>> attn(0, q, k, v, valid=valid).shape               # prefill: exact, then stored
+    torch.Size([2, 4, 5, 8])
+    >>> [s.num_tokens for s in seqs]                       # padding is never stored
+    [5, 3]
+    >>> out = attn(0, q[:, :, :1], k[:, :, :1], v[:, :, :1])  # decode: through the store
+    >>> attn.decode_stats.queries
+    1
+    """
+
+    def __init__(self, store: Store, seqs: list[Sequence]) -> None:
+        if not seqs:
+            raise InvalidValueError("seqs: expected at least one sequence")
+        self.store = store
+        self.seqs = list(seqs)
+        self.decode_stats = DecodeStats()
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 valid: torch.Tensor | None = None, scale: float | None = None,
+                 ) -> torch.Tensor:
+        """Attention of the step's tokens over the context and themselves.
+
+        Parameters
+        ----------
+        layer : int
+            Layer index.
+        q : torch.Tensor
+            ``[B, Hq, L, D]`` post-RoPE queries.
+        k, v : torch.Tensor
+            ``[B, Hkv, L, D]`` post-RoPE keys and values of the same tokens.
+        valid : torch.Tensor | None
+            ``[B, L]`` bool, ``False`` for padding; ``None`` = no padding.
+        scale : float | None
+            Softmax scale, ``1/sqrt(D)`` by default.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[B, Hq, L, D]`` in ``q``'s dtype.
+        """
+        self._check(q, k, v, valid)
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        L = q.shape[2]
+        if L == 1 and any(s.tokens(layer) > 0 for s in self.seqs):
+            out, stats = decode(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
+            if stats is not None:
+                self.decode_stats = self.decode_stats.add(stats)
+            return out
+        out, _ = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
+        return out
+
+    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               valid: torch.Tensor | None) -> None:
+        first = self.seqs[0]
+        B, Hkv, D = len(self.seqs), first.num_kv_heads, first.head_dim
+        check_tensor(k, "k", shape=(B, Hkv, None, D), dtype=first.dtype)
+        L = k.shape[2]
+        check_tensor(v, "v", shape=(B, Hkv, L, D), dtype=first.dtype)
+        check_tensor(q, "q", shape=(B, None, L, D), dtype=first.dtype)
+        group_size(q.shape[1], Hkv)
+        if L == 0:
+            raise ShapeError("k: expected at least one token, got 0")
+        if valid is not None:
+            check_tensor(valid, "valid", shape=(B, L), dtype=torch.bool)

@@ -1,0 +1,5 @@
+"""Bindings of vecstore to model frameworks.
+
+Nothing is imported here: ``import integrations.hf`` (needs ``vecstore[hf]``) loads the
+transformers binding only when asked for.
+"""

@@ -1,0 +1,288 @@
+"""WaveCache: a transformers ``Cache`` whose KV lives in a vecstore store.
+
+Creating a ``WaveCache`` for a model attaches it (through :func:`~integrations.hf.install.install`):
+the model's attention implementation becomes ``"vecstore"`` until the cache is closed
+(``close()``, a ``with`` block, or garbage collection), so
+``model.generate(ids, past_key_values=WaveCache(None, model))`` works as is. Several
+caches may be open on one model; a forward pass with another cache (or none) runs
+transformers' ``sdpa`` attention unchanged.
+
+Each layer's ``update`` stages the step's keys and values and returns them untouched;
+the layer's attention function then hands queries, keys, values and the tokens'
+validity to :class:`attention.StoreAttention`, which prefills (exact attention, then
+ingestion into the store) or decodes (append, then ``store.query``). Each batch row is
+one :class:`vecstore.Sequence`; padding is never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import weakref
+from collections.abc import Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Cache, CacheLayerMixin, PreTrainedModel
+
+from attention import DecodeStats, StoreAttention
+from integrations.hf.install import (
+    ATTENTION_NAME,
+    ModelShape,
+    install,
+    model_fingerprint,
+    model_shape,
+)
+from vecstore import Sequence, Store, StoreConfig
+from vecstore.config import load_config
+from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
+
+__all__ = ["WaveCache", "WaveCacheLayer"]
+
+
+class WaveCacheLayer(CacheLayerMixin):
+    """One layer of a :class:`WaveCache`: counts tokens seen and stages each step.
+
+    ``keys`` and ``values`` stay empty: the context lives in the store.
+    """
+
+    is_sliding = False
+
+    def __init__(self, owner: WaveCache, layer: int, seen: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer = layer
+        self.seen = seen
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, _, D = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_empty(B, H, 0, D)
+        self.values = value_states.new_empty(B, H, 0, D)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage the step for this layer's attention call; returns the step's own KV."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.owner.stage(self.layer)
+        self.seen += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        """Every position seen (padding included), as transformers' masks count them."""
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise IncompatibleError("WaveCache does not support beam search (reordering rows of "
+                                "stored sequences); use greedy or sampled decoding")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise IncompatibleError("WaveCache cannot crop stored tokens (assisted decoding and "
+                                "rollbacks are not supported)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise IncompatibleError("WaveCache cannot repeat batch rows; expand the inputs before "
+                                "the first forward pass instead")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise IncompatibleError("WaveCache cannot select batch rows")
+
+
+class WaveCache(Cache):
+    """A transformers cache backed by a vecstore store (RetroInfer's wave index).
+
+    Parameters
+    ----------
+    store_or_config : Store | StoreConfig | dict | str | Path | None
+        An open store (left open by :meth:`close`), or the configuration of a new
+        in-memory store (``None`` = defaults, on the model's device).
+    model : PreTrainedModel
+        A supported model (Llama, Mistral, Qwen2 families).
+    name : str, optional
+        Sequence name in the store (a random one by default); batch row ``b`` of a
+        batch of several is stored as ``"<name>.<b>"``.
+
+    Raises
+    ------
+    IncompatibleError
+        If the model's architecture is not supported.
+
+    Examples
+    --------
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    >>> model = LlamaForCausalLM(cfg).eval()
+    >>> with WaveCache(None, model) as cache:
+    ...     out = model.generate(torch.tensor([[1, 2, 3]]), past_key_values=cache,
+    ...                          max_new_tokens=3, do_sample=False, pad_token_id=0)
+    ...     cache.get_seq_length(), cache.sequences[0].num_tokens
+    (5, 5)
+    >>> model.config._attn_implementation
+    'sdpa'
+    """
+
+    def __init__(self, store_or_config: Store | StoreConfig | Mapping[str, Any] | str | Path
+                 | None = None, model: PreTrainedModel | None = None, *,
+                 name: str | None = None) -> None:
+        shape = model_shape(model)
+        assert model is not None  # model_shape raised otherwise
+        if isinstance(store_or_config, Store):
+            store, owned = store_or_config, False
+        else:
+            store, owned = Store.open(config=_config_for(store_or_config, shape)), True
+        self._setup(store, owned, model, shape, name or f"hf-{secrets.token_hex(4)}", None)
+
+    def _setup(self, store: Store, owned: bool, model: PreTrainedModel, shape: ModelShape,
+               name: str, resumed: Sequence | None) -> None:
+        self.store = store
+        self.name = name
+        self.shape = shape
+        self.fingerprint = model_fingerprint(model)
+        if resumed is not None:
+            _check_sequence(resumed, shape, self.fingerprint)
+        seen = resumed.num_tokens if resumed is not None else 0
+        super().__init__(layers=[WaveCacheLayer(self, i, seen) for i in range(shape.num_layers)])
+        self._model = model
+        self._attention = StoreAttention(store, [resumed]) if resumed is not None else None
+        stack = ExitStack()
+        if owned:
+            stack.callback(store.close)
+        self._binding = stack.enter_context(install(model))
+        self._finalizer = weakref.finalize(self, stack.close)
+
+    @classmethod
+    def from_store(cls, store_or_path: Store | str | Path, name: str, model: PreTrainedModel, *,
+                   config: StoreConfig | Mapping[str, Any] | str | Path | None = None,
+                   ) -> WaveCache:
+        """Continue from a sequence stored earlier, without prefilling it again.
+
+        Pass the full token ids (the stored context's, then the new ones) to
+        ``generate``, which feeds the model only those past ``get_seq_length()``.
+
+        Parameters
+        ----------
+        store_or_path : Store | str | Path
+            An open store, or the path of a persisted one (opened with ``config`` and
+            closed with the cache).
+        name : str
+            The stored sequence.
+        model : PreTrainedModel
+            Must be the model that built the sequence.
+
+        Raises
+        ------
+        NotFoundError
+            If the store has no sequence ``name``.
+        IncompatibleError
+            If the sequence was built for a different model (fingerprint or shape).
+        """
+        shape = model_shape(model)
+        owned = not isinstance(store_or_path, Store)
+        store = Store.open(store_or_path, config) if owned else store_or_path
+        assert isinstance(store, Store)
+        try:
+            seq = store.sequence(name)
+            cache = cls.__new__(cls)
+            cache._setup(store, owned, model, shape, name, seq)
+        except BaseException:
+            if owned:
+                store.close()
+            raise
+        return cache
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Detach from the model (restoring its attention) and close an owned store."""
+        self._finalizer()
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return not self._finalizer.alive
+
+    def __enter__(self) -> WaveCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the model and attention function call --------------------------------------
+    def stage(self, layer: int) -> None:
+        """Mark ``layer``'s next attention call as this cache's (from ``update``)."""
+        if self.is_closed:
+            raise StoreClosedError("this WaveCache was closed")
+        impl = self._model.config._attn_implementation
+        if impl != ATTENTION_NAME:
+            raise IncompatibleError(
+                f"the model's attention implementation is {impl!r}, not {ATTENTION_NAME!r}: "
+                "WaveCache works only through vecstore's attention function, which it sets "
+                "while open; do not change the implementation while a WaveCache is in use")
+        self._binding.stage(self, layer)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               valid: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+        """Attention of one layer's step (``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``).
+
+        Returns ``[B, Hq, L, D]``; see :class:`attention.StoreAttention`.
+        """
+        if self._attention is None:
+            self._attention = StoreAttention(self.store, self._create(q.shape[0]))
+        elif q.shape[0] != len(self._attention.seqs):
+            raise ShapeError(f"batch: this WaveCache holds {len(self._attention.seqs)} rows, "
+                             f"got a step with {q.shape[0]}")
+        return self._attention(layer, q, k, v, valid=valid, scale=scale)
+
+    def _create(self, batch: int) -> list[Sequence]:
+        names = [self.name] if batch == 1 else [f"{self.name}.{b}" for b in range(batch)]
+        s = self.shape
+        return [self.store.create(n, num_layers=s.num_layers, num_kv_heads=s.num_kv_heads,
+                                  head_dim=s.head_dim, dtype=s.dtype,
+                                  fingerprint=self.fingerprint) for n in names]
+
+    # -- inspection ----------------------------------------------------------------------
+    @property
+    def sequences(self) -> list[Sequence]:
+        """The store sequences of the batch rows (empty before the first forward pass)."""
+        return list(self._attention.seqs) if self._attention is not None else []
+
+    @property
+    def decode_stats(self) -> DecodeStats:
+        """What the decode steps read exactly and estimated, summed over layers and steps."""
+        return self._attention.decode_stats if self._attention is not None else DecodeStats()
+
+
+def _config_for(config: StoreConfig | Mapping[str, Any] | str | Path | None,
+                shape: ModelShape) -> StoreConfig:
+    cfg = load_config(config)
+    if config is None and shape.device.type == "cuda":
+        cfg = dataclasses.replace(cfg, executor=dataclasses.replace(
+            cfg.executor, device=str(shape.device)))
+    return cfg
+
+
+def _check_sequence(seq: Sequence, shape: ModelShape, fingerprint: str) -> None:
+    for what, stored, model in (("num_layers", seq.num_layers, shape.num_layers),
+                                ("num_kv_heads", seq.num_kv_heads, shape.num_kv_heads),
+                                ("head_dim", seq.head_dim, shape.head_dim),
+                                ("dtype", seq.dtype, shape.dtype)):
+        if stored != model:
+            raise IncompatibleError(f"sequence {seq.name!r}: {what} is {stored} in the store "
+                                    f"but {model} in the model")
+    if seq.fingerprint != fingerprint:
+        raise IncompatibleError(f"sequence {seq.name!r} was built for model "
+                                f"{seq.fingerprint!r}, not for this one ({fingerprint!r})")
+    counts = {seq.tokens(layer) for layer in range(seq.num_layers)}
+    if len(counts) != 1:
+        raise IncompatibleError(f"sequence {seq.name!r} is incomplete: its layers hold "
+                                f"{sorted(counts)} tokens")
