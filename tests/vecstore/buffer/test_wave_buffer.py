@@ -1,0 +1,117 @@
+"""The wave buffer on simulated tiers (CPU tensors): hits, misses, admission, budgets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vecstore.buffer import PolicyBookkeeper, StepRecord, WaveBuffer
+from vecstore.cache import POLICIES
+from vecstore.errors import CapacityError
+from vecstore.executor.wave_exec import Zones
+from vecstore.kvstore import MemoryAccount
+
+ROWS, C, D = 2, 40, 16
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _layout(gen):
+    sizes = torch.randint(1, 12, (ROWS, C), generator=gen, dtype=torch.int32)
+    sizes[:, 0] = 20  # larger than a slot: never cached
+    first = (torch.cumsum(sizes, 1) - sizes).int()
+    n = int(sizes.sum(1).max())
+    keys = torch.randn(ROWS, n, D, generator=gen)
+    return sizes, first, keys, torch.randn(ROWS, n, D, generator=gen)
+
+
+def _zones(ids_per_row, sizes, first, r_max):
+    z = Zones.empty(ROWS, C, r_max, torch.device("cpu"))
+    z.zone.zero_()
+    for r, ids in enumerate(ids_per_row):
+        ids = sorted(ids)
+        n = len(ids)
+        z.ids[r, :n] = torch.tensor(ids, dtype=torch.int32)
+        z.first_row[r, :n] = first[r, ids]
+        z.cum[r, : n + 1] = torch.tensor([0, *torch.cumsum(sizes[r, ids], 0).tolist()])
+        z.count[r] = n
+    return z
+
+
+def _step(buf, zones):
+    buf.begin_step()
+    buf.lookup(zones)
+    buf.fill_misses()
+    buf.fill_hits()
+    buf.wait_misses()
+    buf.admit()
+    buf.finish_step()
+    buf.bookkeeper.wait()
+
+
+def _expected_exec(zones, keys, row):
+    n = int(zones.count[row])
+    parts = [keys[row, int(zones.first_row[row, i]):int(zones.first_row[row, i])
+                  + int(zones.cum[row, i + 1] - zones.cum[row, i])] for i in range(n)]
+    return torch.cat(parts)
+
+
+def test_execution_buffer_cache_and_admission(interpret):
+    gen = torch.Generator().manual_seed(0)
+    sizes, first, keys, values = _layout(gen)
+    buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=4,
+                     slot_tokens=12, device=torch.device("cpu"), policy="lru")
+    steps = [[[0, 3, 5, 7], [1, 2]], [[3, 5, 9], [2, 4, 6, 8, 10, 12]], [[0, 3, 5], [1, 2]]]
+    for ids in steps:
+        zones = _zones(ids, sizes, first, 6)
+        _step(buf, zones)
+        for r in range(ROWS):
+            total = int(zones.cum[r, zones.count[r]])
+            assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r))
+            assert torch.equal(buf.exec_v[r, :total], _expected_exec(zones, values, r))
+            # every resident cluster's slot holds its rows, and the tables agree
+            for c in (buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist():
+                s, n = int(buf.slot_of[r, c]), int(sizes[r, c])
+                assert int(buf.owner[r, s]) == c and n <= 12
+                assert torch.equal(buf.cache_k[r, s * 12:s * 12 + n],
+                                   keys[r, first[r, c]:first[r, c] + n])
+            assert int((buf.slot_of[r, :C] >= 0).sum()) <= 4
+            assert int(buf.slot_of[r, 0]) == -1  # the oversized cluster is never cached
+    st = buf.stats
+    assert st.hits + st.misses == sum(len(i) for step in steps for i in step)
+    # step 2: 3, 5 and 2 hit; step 3: 3, 5 and 2 again (1 was evicted for 4, 6, 8; 0 is
+    # too large to cache)
+    assert st.hits == 6
+    buf.close()
+
+
+def test_gpu_budget_too_small_fails_before_allocating():
+    acct = MemoryAccount(1000, "gpu")
+    keys = torch.zeros(ROWS, 100, D)
+    with pytest.raises(CapacityError, match="budget"):
+        WaveBuffer(keys, keys, num_clusters=C, r_max=4, exec_rows=40, num_slots=4,
+                   slot_tokens=8, device=torch.device("cpu"), account=acct)
+    assert acct.used_bytes == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES.names())
+def test_bookkeeper_publishes_a_permutation_of_slots(policy):
+    bk = PolicyBookkeeper(1, 3, policy)
+
+    def t(*v):
+        return torch.tensor([list(v)], dtype=torch.int32)
+
+    bk.submit(StepRecord(t(4, 5, 6), t(-1, -1, -1), t(0, 1, 2), t(-1, -1, -1),
+                         torch.tensor([3]), None))
+    bk.submit(StepRecord(t(4, 9, 0), t(0, -1, -1), t(-1, 1, -1), t(-1, 5, -1),
+                         torch.tensor([2]), None))
+    bk.wait()
+    victims = bk.take_victims()
+    assert sorted(victims[0].tolist()) == [0, 1, 2]
+    assert bk.take_victims() is None  # taken once
+    assert bk.applied == 2 and bk.lag == 0
+    bk.close()
+    bk.close()

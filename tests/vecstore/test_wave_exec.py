@@ -1,0 +1,159 @@
+"""The wave executor equals the torch reference (same plan) and falls back where it must."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference import exact_attention, rel_err
+from vecstore.config import StoreConfig
+from vecstore.executor import EXECUTORS
+from vecstore.executor.base import Steady
+from vecstore.executor.torch_ref import TorchExecutor
+from vecstore.executor.wave_exec import WaveExecutor, Zones
+from vecstore.index.base import IndexView
+from vecstore.index.quest import QuestIndex
+from vecstore.index.wave import WaveIndex
+
+CFG = StoreConfig.from_dict({"index": {"segment_tokens": 512},
+                             "attention": {"retrieval_budget": 0.05}})
+H, D, G = 2, 32, 4
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _batch(gen, dtype, lengths=(1500, 700), device="cpu", index=None):
+    index = index or WaveIndex(CFG)
+    views = []
+    for n in lengths:
+        k = torch.randn(H, n, D, generator=gen).to(dtype)
+        v = torch.randn(H, n, D, generator=gen).to(dtype)
+        views.append(IndexView.from_segments(index.build(k.to(device), v.to(device), 4)))
+    B, S = len(lengths), 70
+    steady = Steady(torch.randn(B, H, S, D, generator=gen).to(dtype).to(device),
+                    torch.randn(B, H, S, D, generator=gen).to(dtype).to(device),
+                    torch.tensor([S, 33][:B], device=device))
+    q = torch.randn(B, H * G, 1, D, generator=gen).to(dtype).to(device)
+    return index, IndexView.stack(views), steady, q
+
+
+def test_registered():
+    assert EXECUTORS.get("wave") is WaveExecutor
+
+
+def test_select_zones_is_a_stable_top_k(interpret):
+    from vecstore.executor.wave_kernels import select_zones
+
+    gen = torch.Generator().manual_seed(0)
+    rows, C = 3, 1500
+    score = torch.rand(rows, C, generator=gen)
+    score[0, :10] = score[0, 10]  # ties across the retrieval threshold
+    score[1, 1000:] = float("-inf")
+    sizes = torch.randint(1, 30, (rows, C), generator=gen, dtype=torch.int32)
+    sizes[1, 1000:] = 0
+    first = (torch.cumsum(sizes, 1) - sizes).int()
+    k1 = torch.tensor([45, 36, 0], dtype=torch.int32)
+    k2 = torch.tensor([600, 500, 7], dtype=torch.int32)
+    z = Zones.empty(rows, C, 45, torch.device("cpu"))
+    select_zones(score, sizes, first, k1, k2, z)
+    for r in range(rows):
+        order = sorted(range(C), key=lambda i: (-score[r, i].item(), i))
+        ret, est = sorted(order[:k1[r]]), sorted(order[k1[r]:k2[r]])
+        n = int(z.count[r])
+        assert sorted(z.ids[r, :n].tolist()) == ret
+        assert (z.zone[r] == 2).nonzero().flatten().tolist() == est
+        assert z.cum[r, :n + 1].tolist() == [0, *torch.cumsum(sizes[r, ret], 0).tolist()]
+        assert z.first_row[r, :n].tolist() == first[r, ret].tolist()
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_float32_scoring_matches_reference_exactly(interpret, offload):
+    gen = torch.Generator().manual_seed(1)
+    index, view, steady, q = _batch(gen, torch.float32)
+    layer = CFG.for_layer(0)
+    ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
+    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=offload)
+    for _ in range(2):  # with offload: a cold then a warm cache
+        out, lse, stats = ex.run(index, view, steady, q, D ** -0.5, layer)
+        assert rel_err(out, ref[0]) < 1e-5
+        assert rel_err(lse, ref[1]) < 1e-5
+        assert abs(stats.estimated_mass - ref[2].estimated_mass) < 1e-5
+        assert (stats.tokens_total, stats.tokens_exact, stats.units_retrieved,
+                stats.units_estimated) == (ref[2].tokens_total, ref[2].tokens_exact,
+                                           ref[2].units_retrieved, ref[2].units_estimated)
+
+
+def test_bfloat16_within_bf16_tolerance(interpret):
+    gen = torch.Generator().manual_seed(2)
+    index, view, steady, q = _batch(gen, torch.bfloat16)
+    layer = CFG.for_layer(0)
+    ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
+    out, lse, _ = WaveExecutor(backend="triton").run(index, view, steady, q, D ** -0.5, layer)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    assert rel_err(out, ref[0]) < 1e-2
+    assert rel_err(lse, ref[1]) < 1e-3
+
+
+def test_full_budget_is_exact_attention(interpret):
+    gen = torch.Generator().manual_seed(3)
+    cfg = StoreConfig.from_dict({"index": {"segment_tokens": 512},
+                                 "attention": {"retrieval_budget": 1.0}})
+    index, view, steady, q = _batch(gen, torch.float32, lengths=(900,), index=WaveIndex(cfg))
+    out, lse, stats = WaveExecutor(backend="triton").run(index, view, steady, q, D ** -0.5,
+                                                         cfg.for_layer(0))
+    keys = torch.cat([steady.keys[0, :, :70], view.keys[0]], dim=1)
+    values = torch.cat([steady.values[0, :, :70], view.values[0]], dim=1)
+    ref_out, ref_lse = exact_attention(q[0], keys, values)
+    assert rel_err(out[0], ref_out) < 1e-5 and rel_err(lse[0], ref_lse) < 1e-5
+    assert stats.tokens_exact == stats.tokens_total == 970
+
+
+def test_falls_back_to_reference_where_it_must(interpret):
+    gen = torch.Generator().manual_seed(4)
+    layer = CFG.for_layer(0)
+    ex = WaveExecutor(backend="triton")
+    index, view, steady, q = _batch(gen, torch.float32)
+    q2 = torch.randn(2, H * G, 3, D, generator=gen)  # prefill-like: L > 1
+    quest, qview, qsteady, qq = _batch(gen, torch.float32, index=QuestIndex(CFG))
+    for args in ((index, view, steady, q2), (quest, qview, qsteady, qq)):
+        got = ex.run(*args, D ** -0.5, layer)
+        ref = TorchExecutor().run(*args, D ** -0.5, layer)
+        assert torch.equal(got[0], ref[0]) and got[2] == ref[2]
+    assert not ex._prepared  # nothing was prepared for the fused path
+
+
+def test_cpu_without_interpreter_uses_reference(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gen = torch.Generator().manual_seed(5)
+    index, view, steady, q = _batch(gen, torch.float32)
+    ex = WaveExecutor()
+    assert not ex.can_run(index, view, q, CFG.for_layer(0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offload", [False, True])
+def test_gpu_bf16_matches_reference(offload):
+    gen = torch.Generator().manual_seed(6)
+    index, view, steady, q = _batch(gen, torch.bfloat16, lengths=(20000, 9000), device="cuda")
+    if offload:
+        from vecstore.kvstore import PinnedKVStore
+
+        rows = PinnedKVStore().store(view.keys, view.values)
+        view = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets,
+                         sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    layer = CFG.for_layer(0)
+    ref_view = IndexView(keys=view.keys.cuda(), values=view.values.cuda(), offsets=view.offsets,
+                         sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    ref = TorchExecutor("cuda").run(index, ref_view, steady, q, D ** -0.5, layer)
+    ex = WaveExecutor("cuda", score_dtype=torch.float32)
+    for _ in range(3):
+        out, lse, stats = ex.run(index, view, steady, q, D ** -0.5, layer)
+        assert rel_err(out, ref[0]) < 1e-2 and rel_err(lse, ref[1]) < 1e-4
+        assert stats.units_retrieved == ref[2].units_retrieved
+    if offload:
+        buf = next(iter(ex._prepared.values())).buffer
+        buf.bookkeeper.wait()
+        assert buf.stats.hits > 0

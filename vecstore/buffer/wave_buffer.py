@@ -1,0 +1,246 @@
+"""The wave buffer: a per-layer GPU block cache in front of offloaded KV, and the execution buffer.
+
+Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wave_kernels.Zones`):
+
+1. :meth:`WaveBuffer.lookup` reads each retrieved cluster's slot from the GPU slot table
+   (hits and misses per (sequence, KV head) row, no host round trip).
+2. :meth:`WaveBuffer.fill_hits` copies hits from their cache slots, and
+   :meth:`WaveBuffer.fill_misses` copies misses from the KV rows in pinned host memory on a
+   side CUDA stream, so that the execution buffer holds every retrieved row contiguously.
+   The executor overlaps the miss copy with the steady and estimation zones.
+3. :meth:`WaveBuffer.admit` gives misses the next usable slots of the victim list and copies
+   them into the cache from the execution buffer: no cluster crosses PCIe twice. Clusters
+   larger than a slot are never cached.
+4. :meth:`WaveBuffer.finish_step` hands the step's record to the
+   :class:`~vecstore.buffer.bookkeeping.PolicyBookkeeper` (policy on a CPU thread), and
+   :meth:`WaveBuffer.begin_step` installs the newest victim list it published.
+
+Steps 1-3 are plain device work of fixed shapes (CUDA-graph capturable); 4 runs between
+steps. Rows are ``b * Hkv + h``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
+from vecstore.kvstore.base import MemoryAccount
+
+if TYPE_CHECKING:
+    from vecstore.executor.wave_exec import Zones
+
+__all__ = ["WaveBuffer", "BufferStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class BufferStats:
+    """Cache counters over all steps since the buffer was built.
+
+    Attributes
+    ----------
+    hits, misses : int
+        Retrieved clusters found in the cache, and read from host memory.
+    hit_rows, miss_rows : int
+        KV rows (tokens, per KV head) behind them.
+    """
+
+    hits: int
+    misses: int
+    hit_rows: int
+    miss_rows: int
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / (hits + misses)``."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class WaveBuffer:
+    """GPU block cache and execution buffer of one layer over ``rows`` (sequence, head) rows.
+
+    Parameters
+    ----------
+    keys, values : torch.Tensor
+        ``[rows, N, D]`` cluster-contiguous KV rows in host memory (pinned where CUDA is).
+    num_clusters : int
+        Clusters per row, ``C``.
+    r_max : int
+        Most clusters retrieved per row and step.
+    exec_rows : int
+        Rows of the execution buffer per row: at least the sizes of the ``r_max`` largest
+        clusters, so a step always fits.
+    num_slots : int
+        Cache slots per row.
+    slot_tokens : int
+        Rows per slot; larger clusters bypass the cache.
+    device : torch.device
+        The GPU (or ``cpu`` for simulated tiers in tests).
+    policy : str
+        Replacement policy name (:data:`vecstore.cache.POLICIES`).
+    account : MemoryAccount, optional
+        GPU budget charged for the cache and buffers; checked before allocating.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, *, num_clusters: int,
+                 r_max: int, exec_rows: int, num_slots: int, slot_tokens: int,
+                 device: torch.device, policy: str = "lru",
+                 account: MemoryAccount | None = None) -> None:
+        rows, _, dim = keys.shape
+        self.keys, self.values = keys, values
+        self.rows, self.num_clusters, self.num_slots = rows, num_clusters, num_slots
+        self.slot_tokens, self.r_max = slot_tokens, r_max
+        self.device = device
+        row_bytes = 2 * dim * keys.element_size()
+        self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
+                                 + 4 * (num_clusters + 1 + 2 * (num_slots + 1) + 3 * r_max))
+        if account is not None:
+            account.charge(self.num_bytes)  # before allocating: a clear error, not an OOM
+        self.account = account
+        kw = {"device": device}
+        self.cache_k = torch.empty(rows, num_slots * slot_tokens, dim, dtype=keys.dtype, **kw)
+        self.cache_v = torch.empty_like(self.cache_k)
+        self.exec_k = torch.empty(rows, exec_rows, dim, dtype=keys.dtype, **kw)
+        self.exec_v = torch.empty_like(self.exec_k)
+        i32 = torch.int32
+        self.slot_of = torch.full((rows, num_clusters + 1), -1, dtype=i32, **kw)  # col C: dump
+        self.owner = torch.full((rows, num_slots + 1), -1, dtype=i32, **kw)  # col S: dump
+        self.victims = torch.arange(num_slots, dtype=i32, **kw).repeat(rows, 1)
+        self.consumed = torch.zeros(rows, num_slots, dtype=torch.bool, **kw)
+        self.slot = torch.full((rows, r_max), -1, dtype=i32, **kw)
+        self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
+        self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
+        self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
+        self.bookkeeper = PolicyBookkeeper(rows, num_slots, policy)
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._misses_done: torch.cuda.Event | None = None
+        self._zones: Zones | None = None
+
+    # -- device work of one step (fixed shapes) ----------------------------------------
+    def lookup(self, zones: Zones) -> None:
+        """Find each retrieved cluster's slot (-1 = miss) and count hits and misses."""
+        self._zones = zones
+        valid = self._valid(zones)
+        ids = torch.where(valid, zones.ids, self.num_clusters).long()
+        slot = torch.where(valid, self.slot_of.gather(1, ids), -1)
+        self.slot.copy_(slot)
+        size = (zones.cum[:, 1:] - zones.cum[:, :-1]).masked_fill(~valid, 0)
+        hit = slot >= 0
+        miss = valid & ~hit
+        self._counts += torch.stack([hit.sum(), miss.sum(), (size * hit).sum(),
+                                     (size * miss).sum()])
+
+    def fill_hits(self) -> None:
+        """Copy hits from their slots into the execution buffer (current stream)."""
+        from vecstore.executor.wave_kernels import copy_clusters
+
+        assert self._zones is not None
+        copy_clusters(1, self._zones, self.slot, self.cache_k, self.cache_v, self.exec_k,
+                      self.exec_v, self.slot_tokens)
+
+    def fill_misses(self) -> None:
+        """Copy misses from host memory into the execution buffer, on the copy stream."""
+        from vecstore.executor.wave_kernels import copy_clusters
+
+        assert self._zones is not None
+        if self.copy_stream is None:
+            copy_clusters(0, self._zones, self.slot, self.keys, self.values, self.exec_k,
+                          self.exec_v, self.slot_tokens)
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.copy_stream.wait_stream(main)
+        with torch.cuda.stream(self.copy_stream):
+            copy_clusters(0, self._zones, self.slot, self.keys, self.values, self.exec_k,
+                          self.exec_v, self.slot_tokens)
+            self._misses_done = torch.cuda.Event()
+            self._misses_done.record(self.copy_stream)
+
+    def wait_misses(self) -> None:
+        """Make the current stream wait for :meth:`fill_misses`."""
+        if self._misses_done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._misses_done)
+            self._misses_done = None
+
+    def admit(self) -> None:
+        """Give misses the next usable victim slots and copy them in from the execution buffer.
+
+        A slot is usable if the current victim list has not handed it out already and no
+        cluster of this step is in it.
+        """
+        from vecstore.executor.wave_kernels import copy_clusters
+
+        zones = self._zones
+        assert zones is not None
+        S, C = self.num_slots, self.num_clusters
+        valid = self._valid(zones)
+        size = zones.cum[:, 1:] - zones.cum[:, :-1]
+        hit = valid & (self.slot >= 0)
+        miss = valid & (self.slot < 0) & (size <= self.slot_tokens)
+        used = torch.zeros(self.rows, S + 1, dtype=torch.bool, device=self.device)
+        used.scatter_(1, torch.where(hit, self.slot, S).long(), True)
+        victims = self.victims.long()
+        usable = ~self.consumed & ~used.gather(1, victims)
+        urank = usable.cumsum(1) - 1
+        free = torch.full((self.rows, S + 1), -1, dtype=torch.int32, device=self.device)
+        free.scatter_(1, torch.where(usable, urank, S), self.victims)
+        mrank = miss.cumsum(1) - 1
+        ok = miss & (mrank < usable.sum(1, keepdim=True))
+        adm = torch.where(ok, free.gather(1, mrank.clamp(0, S - 1)), -1)
+        self.consumed |= usable & (urank < ok.sum(1, keepdim=True))
+        old = torch.where(ok, self.owner.gather(1, adm.clamp_min(0).long()), -1)
+        self.slot_of.scatter_(1, torch.where(old >= 0, old, C).long(), -1)
+        ids = zones.ids
+        self.owner.scatter_(1, torch.where(ok, adm, S).long(), ids)
+        self.slot_of.scatter_(1, torch.where(ok, ids, C).long(), adm)
+        self.slot_of[:, C] = -1
+        self.admitted.copy_(adm)
+        self.evicted.copy_(old)
+        copy_clusters(2, zones, self.admitted, self.exec_k, self.exec_v, self.cache_k,
+                      self.cache_v, self.slot_tokens)
+
+    # -- between steps (host) ----------------------------------------------------------
+    def begin_step(self) -> None:
+        """Install the newest victim list the policy worker published, if any."""
+        fresh = self.bookkeeper.take_victims()
+        if fresh is not None:
+            self.victims.copy_(fresh, non_blocking=True)
+            self.consumed.zero_()
+
+    def finish_step(self) -> None:
+        """Copy the step's record to the host and queue it for the policy worker."""
+        zones = self._zones
+        assert zones is not None
+        parts = [zones.ids, self.slot, self.admitted, self.evicted, zones.count]
+        if self.device.type == "cuda":
+            host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in parts]
+            for h, p in zip(host, parts, strict=True):
+                h.copy_(p, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host, ready = [p.clone() for p in parts], None
+        self.bookkeeper.submit(StepRecord(*host, ready=ready))
+
+    @property
+    def stats(self) -> BufferStats:
+        """Hits and misses so far (synchronises with the device)."""
+        h, m, hr, mr = self._counts.tolist()
+        return BufferStats(hits=h, misses=m, hit_rows=hr, miss_rows=mr)
+
+    def reset_stats(self) -> None:
+        """Zero the counters (e.g. after warm-up)."""
+        self._counts.zero_()
+
+    def close(self) -> None:
+        """Stop the policy worker and return the GPU budget; safe to repeat."""
+        self.bookkeeper.close()
+        if self.account is not None:
+            self.account.release(self.num_bytes)
+            self.account = None
+
+    def _valid(self, zones: Zones) -> torch.Tensor:
+        pos = torch.arange(self.r_max, device=self.device)
+        return pos[None, :] < zones.count[:, None]

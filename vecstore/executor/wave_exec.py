@@ -1,0 +1,344 @@
+"""The wave executor: fused Triton decode over GPU-resident or offloaded KV (RetroInfer).
+
+A decode step (one query token per sequence, ``B`` sequences at once, no Python loop over
+sequences or heads):
+
+1. centroid logits and the GQA-summed softmax score of every cluster
+   (:func:`vecstore.kernels._centroid_kernels.group_scores_triton`);
+2. the retrieval and estimation zones by radix select, without sorting
+   (:func:`~vecstore.executor.wave_kernels.select_zones`);
+3. split-K attention over the retrieved rows, the steady zone and the estimated clusters,
+   merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
+
+KV rows that live in host memory (an :class:`~vecstore.index.base.IndexView` whose keys
+are on the CPU while the query is on the GPU) go through a
+:class:`~vecstore.buffer.WaveBuffer`: block cache, execution buffer, misses over PCIe.
+
+Anything else (prefill with ``L > 1``, indexes without centroids, exact layers, CPU tensors
+without the Triton interpreter) runs on :class:`~vecstore.executor.torch_ref.TorchExecutor`,
+whose plan this executor reproduces: same zones (ties broken by cluster id), same merge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from vecstore.buffer.wave_buffer import WaveBuffer
+from vecstore.config import LayerConfig
+from vecstore.executor.base import EXECUTORS, Steady
+from vecstore.executor.plan import zone_sizes
+from vecstore.executor.torch_ref import TorchExecutor
+from vecstore.index.base import Index, IndexView
+from vecstore.kernels._backend import resolve_backend
+from vecstore.types import QueryStats
+
+__all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
+
+_MAX_PREPARED = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Zones:
+    """Per-row output of :func:`select_zones` (rows ``b * Hkv + h``).
+
+    Attributes
+    ----------
+    zone : torch.Tensor
+        ``[rows, C]`` int8: 1 retrieved, 2 estimated, 0 dropped.
+    ids : torch.Tensor
+        ``[rows, R]`` int32 retrieved cluster ids in cluster order (first ``count`` valid).
+    first_row : torch.Tensor
+        ``[rows, R]`` int32 first KV row of each retrieved cluster.
+    cum : torch.Tensor
+        ``[rows, R + 1]`` int32 running sum of retrieved sizes: cluster ``i`` fills
+        execution rows ``cum[i]:cum[i + 1]``; ``cum[count]`` is the row total.
+    count : torch.Tensor
+        ``[rows]`` int32 retrieved clusters.
+    """
+
+    zone: torch.Tensor
+    ids: torch.Tensor
+    first_row: torch.Tensor
+    cum: torch.Tensor
+    count: torch.Tensor
+
+    @staticmethod
+    def empty(rows: int, num_clusters: int, r_max: int, device: torch.device) -> Zones:
+        """Buffers for ``rows`` rows of ``num_clusters`` clusters, at most ``r_max`` retrieved."""
+        i32 = torch.int32
+        return Zones(
+            zone=torch.empty(rows, num_clusters, dtype=torch.int8, device=device),
+            ids=torch.empty(rows, r_max, dtype=i32, device=device),
+            first_row=torch.empty(rows, r_max, dtype=i32, device=device),
+            cum=torch.empty(rows, r_max + 1, dtype=i32, device=device),
+            count=torch.empty(rows, dtype=i32, device=device),
+        )
+
+
+@dataclass
+class PreparedView:
+    """What the decode step needs of one layer's view, built once per view and budget.
+
+    Attributes
+    ----------
+    view : IndexView
+        The source view (kept alive so its id stays unique).
+    centroids : torch.Tensor
+        ``[B, Hkv, C, D]`` in the scoring dtype.
+    vmean : torch.Tensor
+        ``[rows, C, D]`` value means ``VS_j / n_j`` in the KV dtype.
+    sizes, first_row : torch.Tensor
+        ``[rows, C]`` int32.
+    keys, values : torch.Tensor
+        ``[rows, N, D]`` the KV rows (GPU, or host memory for an offloaded view).
+    k1, k2 : torch.Tensor
+        ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters per row.
+    r_max : int
+        Largest ``k1``.
+    tokens_total : int
+        Indexed tokens over all rows, per KV head.
+    buffer : WaveBuffer | None
+        The block cache of an offloaded view.
+    """
+
+    view: IndexView
+    centroids: torch.Tensor
+    vmean: torch.Tensor
+    sizes: torch.Tensor
+    first_row: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    k1: torch.Tensor
+    k2: torch.Tensor
+    r_max: int
+    tokens_total: int
+    buffer: WaveBuffer | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeResult:
+    """Device outputs of one decode step.
+
+    Attributes
+    ----------
+    out : torch.Tensor
+        ``[B, Hq, D]`` in the query dtype.
+    lse : torch.Tensor
+        ``[B, Hq]`` float32.
+    zones : Zones
+        The step's retrieval and estimation zones.
+    parts_lse : torch.Tensor
+        ``[B * Hq, P]`` float32 partial log-sum-exps (retrieved, steady, estimated splits).
+    num_exact_parts : int
+        Leading parts that are exact (retrieved and steady); the rest are estimated.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    zones: Zones
+    parts_lse: torch.Tensor
+    num_exact_parts: int
+
+
+@EXECUTORS.register("wave")
+class WaveExecutor:
+    """Fused decode attention over the wave index; the torch reference for everything else.
+
+    Parameters
+    ----------
+    device : str
+        The executor's device (``cuda`` for the kernels).
+    backend : {"auto", "triton", "torch"}
+        ``auto`` runs the kernels on CUDA tensors; ``triton`` also runs them on CPU tensors
+        under ``TRITON_INTERPRET=1`` (tests); ``torch`` always uses the reference.
+    score_dtype : torch.dtype, optional
+        Dtype of the centroids used for scoring; the KV dtype by default (half the bytes of
+        float32). ``torch.float32`` ranks exactly as the reference does.
+    cache_policy : str
+        Replacement policy of the block cache of offloaded views.
+    cache_capacity : float
+        Cache slots as a fraction of a layer's clusters.
+    slot_tokens : int
+        Rows per cache slot; clusters larger than this are not cached.
+    simulate_offload : bool
+        Serve every view through the block cache even when its rows share the device
+        (how the tests exercise the buffer on CPU tensors).
+
+    Examples
+    --------
+    >>> from vecstore.config import StoreConfig
+    >>> from vecstore.index.wave import WaveIndex
+    >>> idx = WaveIndex(StoreConfig())
+    >>> view = IndexView.from_segments(idx.build(torch.randn(2, 64, 8), torch.randn(2, 64, 8), 0))
+    >>> steady = Steady(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), torch.tensor([3]))
+    >>> q = torch.randn(1, 4, 1, 8)
+    >>> out, lse, stats = WaveExecutor().run(idx, view, steady, q, 0.35, StoreConfig().for_layer(0))
+    >>> out.shape  # CPU tensors without TRITON_INTERPRET: the torch reference ran
+    torch.Size([1, 4, 1, 8])
+    """
+
+    def __init__(self, device: str = "cpu", *, backend: str = "auto",
+                 score_dtype: torch.dtype | None = None, cache_policy: str = "lru",
+                 cache_capacity: float = 0.05, slot_tokens: int = 32,
+                 simulate_offload: bool = False) -> None:
+        self.device = device
+        self.backend = backend
+        self.score_dtype = score_dtype
+        self.cache_policy = cache_policy
+        self.cache_capacity = cache_capacity
+        self.slot_tokens = slot_tokens
+        self.simulate_offload = simulate_offload
+        self.reference = TorchExecutor(device)
+        self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
+
+    # -- Executor protocol ---------------------------------------------------------------
+    def run(
+        self, index: Index, view: IndexView | None, steady: Steady, q: torch.Tensor,
+        scale: float, layer: LayerConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor, QueryStats]:
+        if not self.can_run(index, view, q, layer):
+            return self.reference.run(index, view, steady, q, scale, layer)
+        assert view is not None
+        prep = self.prepare(view, layer, index)
+        B, Hq, _, D = q.shape
+        if prep.buffer is not None:
+            prep.buffer.begin_step()
+        res = self.decode(prep, steady, q[:, :, 0].contiguous(), scale)
+        if prep.buffer is not None:
+            prep.buffer.finish_step()
+        H = prep.sizes.shape[0] // B
+        # stats (one host sync): exact rows, units, estimated share of the softmax mass
+        lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
+        share = torch.exp(lse_e - res.lse.reshape(-1)).nan_to_num(0.0)
+        got = torch.stack([res.zones.cum.gather(1, res.zones.count[:, None].long()).sum(),
+                           res.zones.count.sum(), (res.zones.zone == 2).sum()]).tolist()
+        mass = float(share.mean()) if got[2] else 0.0
+        steady_rows = int(steady.lengths.sum())
+        stats = QueryStats(
+            tokens_total=steady_rows + prep.tokens_total // H,
+            tokens_exact=round((steady_rows * H + got[0]) / H),
+            units_retrieved=int(got[1]), units_estimated=int(got[2]), estimated_mass=mass,
+        )
+        return res.out[:, :, None], res.lse[:, :, None], stats
+
+    def can_run(self, index: Index, view: IndexView | None, q: torch.Tensor,
+                layer: LayerConfig) -> bool:
+        """Whether the fused decode handles this query (else the reference runs)."""
+        if view is None or q.shape[2] != 1 or layer.exact or index.is_exact:
+            return False
+        if not index.can_estimate or "centroids" not in view.meta:
+            return False
+        D = q.shape[-1]
+        if D < 16 or D & (D - 1):  # the kernels tile head_dim as one power-of-two block
+            return False
+        if self.backend == "torch":
+            return False
+        return resolve_backend(self.backend, q.device) == "triton"
+
+    # -- preparation ---------------------------------------------------------------------
+    def prepare(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
+        """Build (or fetch) the decode-ready form of ``view`` for ``layer``'s budgets."""
+        key = (id(view), layer.retrieval_budget, layer.estimation_budget)
+        prep = self._prepared.get(key)
+        if prep is not None and prep.view is view:
+            self._prepared.move_to_end(key)
+            return prep
+        prep = self._build(view, layer, index)
+        self._prepared[key] = prep
+        while len(self._prepared) > _MAX_PREPARED:
+            _, old = self._prepared.popitem(last=False)
+            if old.buffer is not None:
+                old.buffer.close()
+        return prep
+
+    def _build(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
+        B, H, C = view.sizes.shape
+        N, D = view.keys.shape[2:]
+        rows = B * H
+        dev = view.meta["centroids"].device
+        kv_dtype = view.keys.dtype
+        counts = [zone_sizes(int(n), layer, index) for n in view.num_units.tolist()]
+        k1 = torch.tensor([r for r, _ in counts], dtype=torch.int32).repeat_interleave(H)
+        k2 = torch.tensor([r + e for r, e in counts], dtype=torch.int32).repeat_interleave(H)
+        r_max = max(1, int(k1.max()))
+        sizes = view.sizes.reshape(rows, C)
+        vmean = view.meta["value_sums"] / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
+        cent = view.meta["centroids"].to(self.score_dtype or kv_dtype).contiguous()
+        keys = view.keys.reshape(rows, N, D)
+        values = view.values.reshape(rows, N, D)
+        buffer = None
+        if keys.device != dev or self.simulate_offload:  # offloaded: the block cache serves
+            # the execution buffer fits the r_max largest clusters of any row
+            top = torch.sort(sizes, dim=1, descending=True).values[:, :r_max].sum(1)
+            buffer = WaveBuffer(
+                keys, values, num_clusters=C, r_max=r_max, exec_rows=max(1, int(top.max())),
+                num_slots=max(1, math.ceil(self.cache_capacity * C)),
+                slot_tokens=self.slot_tokens, device=dev, policy=self.cache_policy)
+        return PreparedView(
+            view=view, centroids=cent, vmean=vmean.to(kv_dtype).reshape(rows, C, D).contiguous(),
+            sizes=sizes.to(dev, torch.int32).contiguous(),
+            first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
+            keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
+            tokens_total=int(view.sizes.sum()), buffer=buffer,
+        )
+
+    # -- the step ------------------------------------------------------------------------
+    def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
+               scale: float) -> DecodeResult:
+        """One decode step: ``q [B, Hq, D]`` against the view and the steady zone.
+
+        Only device work of fixed shapes for fixed inputs (the steady capacity included),
+        so the whole call can be captured in a CUDA graph; an offloaded view's
+        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it.
+        """
+        # triton is imported here, not at module import: it is an optional dependency
+        from vecstore.executor.wave_kernels import (
+            attend_estimated,
+            attend_retrieved,
+            attend_steady,
+            combine,
+            estimate_layout,
+            retrieved_layout,
+            select_zones,
+            steady_splits,
+        )
+        from vecstore.kernels._centroid_kernels import group_scores_triton
+
+        B, Hq, D = q.shape
+        rows, C = prep.sizes.shape
+        dev = q.device
+        qs = q.to(prep.centroids.dtype)
+        logits = torch.empty(B, Hq, C, dtype=torch.float32, device=dev)
+        score = group_scores_triton(qs, prep.centroids, prep.sizes.view(B, -1, C), scale, logits)
+        zones = Zones.empty(rows, C, prep.r_max, dev)
+        select_zones(score.view(rows, C), prep.sizes, prep.first_row, prep.k1, prep.k2, zones)
+        _, n_ret = retrieved_layout(prep.r_max)
+        n_std = steady_splits(steady.keys.shape[2])
+        _, n_est = estimate_layout(C)
+        P = n_ret + n_std + n_est
+        parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
+                 torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
+        qf = q.reshape(B * Hq, D).contiguous()
+        buf = prep.buffer
+        if buf is not None:
+            buf.lookup(zones)
+            buf.fill_misses()
+            buf.fill_hits()
+        attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
+        attend_estimated(logits.view(B * Hq, C), prep.sizes, prep.vmean, zones.zone, parts,
+                         n_ret + n_std)
+        if buf is None:
+            attend_retrieved(qf, prep.keys, prep.values, zones, scale, parts, 0, contiguous=False)
+        else:
+            buf.wait_misses()
+            attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, scale, parts, 0, contiguous=True)
+            buf.admit()
+        out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
+        lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
+        combine(parts, out, lse)
+        return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
+                            parts_lse=parts[1], num_exact_parts=n_ret + n_std)

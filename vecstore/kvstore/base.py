@@ -1,0 +1,109 @@
+"""The KVStore interface: a tier where a layer's cluster-contiguous KV rows live.
+
+A tier owns memory under a byte budget. Rows are placed once, when a layer's index view
+is prepared, and the budget is checked before anything is allocated, so a budget that is
+too small fails with :class:`~vecstore.errors.CapacityError` then, never in the middle of
+a decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from vecstore.errors import CapacityError
+from vecstore.registry import Registry
+
+__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "rows_bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRows:
+    """One layer's rows placed in a tier.
+
+    Attributes
+    ----------
+    keys, values : torch.Tensor
+        ``[B, Hkv, N, D]`` cluster-contiguous rows, in the tier's memory.
+    num_bytes : int
+        Bytes charged to the tier for them.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    num_bytes: int
+
+
+class MemoryAccount:
+    """Bytes in use and at peak under a budget (``0`` = unbounded).
+
+    Examples
+    --------
+    >>> acct = MemoryAccount(100, "pinned")
+    >>> acct.charge(60); acct.release(60); acct.charge(90)
+    >>> acct.used_bytes, acct.peak_bytes
+    (90, 90)
+    >>> acct.charge(20)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    vecstore.errors.CapacityError: pinned: 20 more bytes exceed the budget of 100 (90 in use)...
+    """
+
+    def __init__(self, budget_bytes: int, name: str) -> None:
+        self.budget_bytes = budget_bytes
+        self.name = name
+        self.used_bytes = 0
+        self.peak_bytes = 0
+
+    def can_charge(self, num_bytes: int) -> bool:
+        """Whether ``num_bytes`` more fit in the budget."""
+        return self.budget_bytes == 0 or self.used_bytes + num_bytes <= self.budget_bytes
+
+    def charge(self, num_bytes: int) -> None:
+        """Account for ``num_bytes`` more, or raise :class:`CapacityError` and change nothing."""
+        if not self.can_charge(num_bytes):
+            raise CapacityError(
+                f"{self.name}: {num_bytes} more bytes exceed the budget of {self.budget_bytes} "
+                f"({self.used_bytes} in use); raise the budget")
+        self.used_bytes += num_bytes
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+
+    def release(self, num_bytes: int) -> None:
+        """Return ``num_bytes`` to the budget."""
+        assert num_bytes <= self.used_bytes, "released more bytes than charged"
+        self.used_bytes -= num_bytes
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    """A memory tier for KV rows (GPU-resident or pinned host memory)."""
+
+    @property
+    def account(self) -> MemoryAccount:
+        """Bytes in use and at peak, and the budget."""
+        ...
+
+    def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
+        """Copy ``[B, Hkv, N, D]`` rows into the tier.
+
+        Raises
+        ------
+        CapacityError
+            The rows do not fit in the budget; nothing is allocated.
+        """
+        ...
+
+    def free(self, rows: StoredRows) -> None:
+        """Release rows placed by :meth:`store`."""
+        ...
+
+
+KVSTORES: Registry[type] = Registry("kvstore")
+
+
+def rows_bytes(keys: torch.Tensor, values: torch.Tensor) -> int:
+    """Bytes of a key and a value tensor."""
+    return keys.numel() * keys.element_size() + values.numel() * values.element_size()
+

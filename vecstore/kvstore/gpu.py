@@ -1,0 +1,48 @@
+"""GPU-resident tier: KV rows in device memory, read in place by the executor."""
+
+from __future__ import annotations
+
+import torch
+
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes
+
+__all__ = ["GPUKVStore"]
+
+
+@KVSTORES.register("memory")
+class GPUKVStore:
+    """Rows on the executor's device (``cuda`` or, for tests, ``cpu``).
+
+    Parameters
+    ----------
+    device : str | torch.device
+        Where the rows live.
+    budget_gb : float
+        Bytes allowed, in GiB; 0 means unbounded.
+
+    Examples
+    --------
+    >>> kv = GPUKVStore("cpu", budget_gb=1e-5)
+    >>> rows = kv.store(torch.zeros(1, 2, 64, 4), torch.zeros(1, 2, 64, 4))
+    >>> rows.num_bytes, kv.account.used_bytes
+    (4096, 4096)
+    >>> kv.free(rows); kv.account.used_bytes
+    0
+    """
+
+    def __init__(self, device: str | torch.device = "cpu", *, budget_gb: float = 0.0) -> None:
+        self.device = torch.device(device)
+        self._account = MemoryAccount(int(budget_gb * 2**30), f"{self.device.type} KV budget")
+
+    @property
+    def account(self) -> MemoryAccount:
+        return self._account
+
+    def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
+        num_bytes = rows_bytes(keys, values)
+        self._account.charge(num_bytes)
+        return StoredRows(keys.to(self.device).contiguous(), values.to(self.device).contiguous(),
+                          num_bytes)
+
+    def free(self, rows: StoredRows) -> None:
+        self._account.release(rows.num_bytes)

@@ -1,0 +1,56 @@
+"""Pinned host tier: the whole KV in page-locked CPU memory, read by the GPU over PCIe.
+
+Page-locked memory is mapped into the GPU's address space (unified addressing), so copy
+kernels read a step's missed clusters from it directly, without a staging copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes
+
+__all__ = ["PinnedKVStore"]
+
+
+@KVSTORES.register("pinned")
+class PinnedKVStore:
+    """Rows in pinned host memory (plain host memory where CUDA is absent, for tests).
+
+    Parameters
+    ----------
+    budget_gb : float
+        Pinned bytes allowed, in GiB; 0 means unbounded.
+
+    Examples
+    --------
+    >>> kv = PinnedKVStore(budget_gb=1e-6)
+    >>> rows = kv.store(torch.ones(1, 1, 8, 4), torch.ones(1, 1, 8, 4))
+    >>> rows.keys.device.type, kv.account.peak_bytes
+    ('cpu', 256)
+    >>> kv.store(torch.ones(1, 8, 1024, 4), torch.ones(1, 8, 1024, 4))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    vecstore.errors.CapacityError: pinned KV budget: 262144 more bytes exceed the budget of 1073...
+    """
+
+    def __init__(self, *, budget_gb: float = 0.0) -> None:
+        self._account = MemoryAccount(int(budget_gb * 2**30), "pinned KV budget")
+        self.is_pinned = torch.cuda.is_available()
+
+    @property
+    def account(self) -> MemoryAccount:
+        return self._account
+
+    def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
+        num_bytes = rows_bytes(keys, values)
+        self._account.charge(num_bytes)
+        out = []
+        for x in (keys, values):
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=self.is_pinned)
+            host.copy_(x)
+            out.append(host)
+        return StoredRows(out[0], out[1], num_bytes)
+
+    def free(self, rows: StoredRows) -> None:
+        self._account.release(rows.num_bytes)
