@@ -6,25 +6,32 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vecstore.batch import BatchViews, stack_steady
 from vecstore.checks import check_finite, check_index, check_tensor, parse_dtype
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
     InvalidValueError,
     NotFoundError,
+    ReadOnlyError,
     SequenceDroppedError,
     ShapeError,
     StoreClosedError,
 )
-from vecstore.executor.base import EXECUTORS, Executor, Steady
-from vecstore.index.base import INDEXES, Index, IndexView
+from vecstore.executor.base import EXECUTORS, Executor
+from vecstore.index.base import INDEXES, Index
 from vecstore.sequence import Sequence
+from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
+from vecstore.storage.persistence import Persistence
+from vecstore.storage.transaction import Transaction
+from vecstore.storage.verify import VerifyReport, verify_store
 from vecstore.types import QueryResult
 
 __all__ = ["Store"]
@@ -37,19 +44,24 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 class Store:
     """A collection of sequences sharing one configuration.
 
-    Open with :meth:`Store.open`; ``path=None`` gives an in-memory store.
+    Open with :meth:`Store.open`: ``path=None`` gives an in-memory store, a directory
+    path a persistent one (see ``docs/persistence.md``).
 
     Examples
     --------
-    >>> import torch
-    >>> with Store.open(config={"attention": {"retrieval_budget": 0.05}}) as store:
+    >>> import tempfile, torch
+    >>> path = tempfile.mkdtemp()
+    >>> with Store.open(path, config={"attention": {"retrieval_budget": 0.05}}) as store:
     ...     seq = store.create("a", num_layers=2, num_kv_heads=1, head_dim=4,
     ...                        dtype=torch.float32)
-    ...     store.sequences()
-    ['a']
+    ...     seq.append(0, torch.ones(1, 3, 4), torch.ones(1, 3, 4))
+    >>> with Store.open(path, read_only=True) as store:
+    ...     store.sequences(), store.sequence("a").tokens(0)
+    (['a'], 3)
     """
 
-    def __init__(self, config: StoreConfig, path: Path | None = None) -> None:
+    def __init__(self, config: StoreConfig, path: Path | None = None, *,
+                 persistence: Persistence | None = None) -> None:
         self.config = config
         self.path = path
         self._seqs: dict[str, Sequence] = {}
@@ -58,33 +70,77 @@ class Store:
             device=config.executor.device)
         self._lock = threading.RLock()
         self._closed = False
-        self._batch_views: dict[int, tuple[tuple[Any, ...], IndexView | None]] = {}
+        self._batch_views = BatchViews()
+        self._persistence = persistence
+        self._txn: Transaction | None = None
         for kind in {config.index.kind, "flat"}:
             self._indexes[kind] = INDEXES.get(kind)(config)
 
     @classmethod
     def open(cls, path: str | Path | None = None,
-             config: StoreConfig | Mapping[str, Any] | str | Path | None = None) -> Store:
+             config: StoreConfig | Mapping[str, Any] | str | Path | None = None, *,
+             read_only: bool = False) -> Store:
         """Open a store.
 
         Parameters
         ----------
         path : str | Path | None
-            ``None`` for an in-memory store.
+            ``None`` for an in-memory store; else a directory: an existing store, or
+            a new or empty directory to create one in. Any other directory is refused.
         config : StoreConfig | dict | str | Path | None
-            Settings, a mapping of them, or a TOML file path; defaults when ``None``.
+            Settings, a mapping of them, or a TOML file path. ``None`` means the
+            defaults for a new store and the stored settings for an existing one.
+            Settings fixed at creation (``StoreConfig.conflicts_with``) must match the
+            stored ones; budgets, cache policy, window and executor may change.
+        read_only : bool
+            Open an existing store for reading only: no lock is taken, any number of
+            readers may run beside the one writer, and each sees the store as last
+            committed when it opened.
+
+        Raises
+        ------
+        LockedError
+            Another writer has the store open.
+        IncompatibleError
+            ``config`` conflicts with the stored settings (both values named).
+        NotFoundError
+            ``read_only`` and no store exists at ``path``.
+        InvalidValueError
+            ``path`` is malformed, a file, or a non-empty directory that is no store.
+        CorruptionError, SchemaVersionError
+            The catalog is damaged or from an incompatible vecstore.
         """
-        cfg = load_config(config)
-        if path is not None:
-            raise InvalidValueError("path: on-disk stores are not available yet; use path=None")
-        return cls(cfg)
+        if path is None:
+            if read_only:
+                raise InvalidValueError("read_only: only a store with a path can be opened "
+                                        "read-only")
+            return cls(load_config(config))
+        given = None if config is None else load_config(config)
+        persistence, cfg = Persistence.open(path, given, read_only=read_only)
+        try:
+            store = cls(cfg, persistence.layout.root, persistence=persistence)
+            store._seqs.update(persistence.attach(store))
+        except BaseException:
+            persistence.close()
+            raise
+        return store
 
     # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def is_read_only(self) -> bool:
+        """Whether the store was opened with ``read_only=True``."""
+        return self._persistence is not None and self._persistence.read_only
+
     def close(self) -> None:
-        """Release the store; safe to call more than once."""
+        """Release the store (and its write lock); safe to call more than once.
+
+        Changes of a transaction still open are discarded.
+        """
         with self._lock:
             self._closed = True
             self._batch_views.clear()
+            if self._persistence is not None:
+                self._persistence.close()
 
     def __enter__(self) -> Store:
         return self
@@ -96,6 +152,49 @@ class Store:
         """Raise :class:`StoreClosedError` if the store was closed."""
         if self._closed:
             raise StoreClosedError("the store is closed")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes (appends, creations, drops) into one atomic, durable commit.
+
+        Outside a transaction every write commits on its own. Inside, nothing is
+        written until the block ends; then everything commits at once (one fsync),
+        or, if the block raised, everything is undone in memory. Nested blocks join
+        the outermost one. The block holds the store's write lock, so other threads'
+        writes wait for it.
+
+        Examples
+        --------
+        >>> import torch
+        >>> with Store.open() as store:
+        ...     seq = store.create("a", num_layers=2, num_kv_heads=1, head_dim=4,
+        ...                        dtype=torch.float32)
+        ...     with store.transaction():  # one decode step, all layers
+        ...         for layer in range(2):
+        ...             seq.append(layer, torch.ones(1, 1, 4), torch.ones(1, 1, 4))
+        ...     seq.num_tokens
+        1
+        """
+        self.check_open()
+        if self.is_read_only:
+            raise ReadOnlyError(f"store {self.path} was opened read-only; open it without "
+                                "read_only=True to write")
+        with self._lock:
+            if self._txn is not None:
+                yield
+                return
+            txn = self._txn = Transaction()
+            try:
+                yield
+                self.check_open()
+                if self._persistence is not None:
+                    self._persistence.commit(txn, self)
+            except BaseException:
+                txn.rollback(self._seqs)
+                self._batch_views.clear()
+                raise
+            finally:
+                self._txn = None
 
     # -- catalog -------------------------------------------------------------------------
     def create(self, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -123,15 +222,18 @@ class Store:
                            ("head_dim", head_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidValueError(f"{arg}: expected a positive integer, got {value!r}")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise InvalidValueError(f"fingerprint: expected a str or None, got {fingerprint!r}")
         torch_dtype = parse_dtype(dtype)
         dev = torch.device(device if device is not None else self.config.executor.device)
-        with self._lock:
+        with self.transaction():
             if name in self._seqs:
                 raise AlreadyExistsError(f"sequence {name!r} already exists")
             seq = Sequence(self, name, num_layers=num_layers, num_kv_heads=num_kv_heads,
                            head_dim=head_dim, dtype=torch_dtype, device=dev,
                            fingerprint=fingerprint)
             self._seqs[name] = seq
+            self._current_txn().created(seq)
         return seq
 
     def sequence(self, name: str) -> Sequence:
@@ -149,23 +251,73 @@ class Store:
         return sorted(self._seqs)
 
     def drop(self, name: str) -> None:
-        """Delete a sequence and everything stored for it."""
-        with self._lock:
+        """Delete a sequence and everything stored for it (its files too)."""
+        with self.transaction():
             seq = self.sequence(name)
             del self._seqs[name]
             seq.is_dropped = True
             self._batch_views.clear()
+            self._current_txn().dropped(seq)
+
+    # -- maintenance ---------------------------------------------------------------------
+    def info(self) -> StoreInfo:
+        """Sequences, segments, clusters, sizes and disk use of an on-disk store."""
+        return describe(self._disk("info"))
+
+    def verify(self, *, raise_on_error: bool = True) -> VerifyReport:
+        """Check every data file's size and checksum and every catalog reference.
+
+        Parameters
+        ----------
+        raise_on_error : bool
+            Raise when a check fails (default); ``False`` returns the report with
+            its ``problems`` instead.
+
+        Raises
+        ------
+        CorruptionError
+            Naming every bad file, if any check fails and ``raise_on_error``.
+        """
+        report = verify_store(self._disk("verify"))
+        if raise_on_error:
+            report.raise_if_bad()
+        return report
+
+    def gc(self) -> GcReport:
+        """Delete files under ``data/`` that no catalog row names (left by crashes or
+        interrupted drops) and truncate the catalog's WAL. Needs a writer."""
+        with self._lock:
+            disk = self._disk("gc")
+            if disk.read_only:
+                raise ReadOnlyError(f"gc: store {self.path} was opened read-only")
+            return collect_garbage(disk)
+
+    def _disk(self, what: str) -> Persistence:
+        self.check_open()
+        if self._persistence is None:
+            raise InvalidValueError(f"{what}: an in-memory store has no files; open one "
+                                    "with a path")
+        return self._persistence
+
+    def _current_txn(self) -> Transaction:
+        assert self._txn is not None  # only called inside self.transaction()
+        return self._txn
 
     # -- data path -----------------------------------------------------------------------
+    def index_kind(self, layer: int) -> str:
+        """Name of the index serving ``layer`` (``flat`` for layers configured exact)."""
+        return "flat" if self.config.for_layer(layer).exact else self.config.index.kind
+
     def index_for(self, layer: int) -> Index:
         """The index serving ``layer`` (``flat`` for layers configured exact)."""
-        kind = "flat" if self.config.for_layer(layer).exact else self.config.index.kind
-        return self._indexes[kind]
+        return self._indexes[self.index_kind(layer)]
 
     def append_tokens(self, seq: Sequence, layer: int, keys: torch.Tensor,
                       values: torch.Tensor) -> None:
-        """Append validated tokens (called by :meth:`Sequence.append`)."""
-        with self._lock:
+        """Append validated tokens (called by :meth:`Sequence.append`); durable when it
+        returns, unless inside :meth:`transaction`."""
+        with self.transaction():
+            self._current_txn().touch(seq, layer)
             seq.layers[layer].append(keys, values)
 
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
@@ -226,27 +378,11 @@ class Store:
         """
         _, scale = self.check_query(seqs, layer, q, scale)
         q = q.to(seqs[0].device)
-        steady = _stack_steady(seqs, layer)
-        view = self._batch_view(seqs, layer)
+        steady = stack_steady(seqs, layer)
+        view = self._batch_views.view(seqs, layer)
         out, lse, stats = self._executor.run(self.index_for(layer), view, steady, q, scale,
                                              self.config.for_layer(layer))
         return QueryResult(out=out, lse=lse, stats=stats)
-
-    def _batch_view(self, seqs: list[Sequence], layer: int) -> IndexView | None:
-        if len(seqs) == 1:
-            return seqs[0].layers[layer].view()
-        key = tuple((id(s), s.layers[layer].version) for s in seqs)
-        cached = self._batch_views.get(layer)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        views = [s.layers[layer].view() for s in seqs]
-        present = [v for v in views if v is not None]
-        batch = None
-        if present:
-            batch = IndexView.stack([v if v is not None else _empty_view(present[0])
-                                     for v in views])
-        self._batch_views[layer] = (key, batch)
-        return batch
 
 
 def _check_name(name: object) -> None:
@@ -254,29 +390,3 @@ def _check_name(name: object) -> None:
         raise InvalidValueError(
             f"name: expected 1-128 characters of letters, digits, '.', '_', '-' starting "
             f"with a letter or digit, got {name!r}")
-
-
-def _stack_steady(seqs: list[Sequence], layer: int) -> Steady:
-    parts = [s.layers[layer].steady() for s in seqs]
-    S = max(k.shape[1] for k, _ in parts)
-
-    def pad(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x.new_zeros(x.shape[0], S - x.shape[1], x.shape[2])], dim=1)
-
-    lengths = torch.tensor([k.shape[1] for k, _ in parts], device=seqs[0].device)
-    return Steady(torch.stack([pad(k) for k, _ in parts]),
-                  torch.stack([pad(v) for _, v in parts]), lengths)
-
-
-def _empty_view(like: IndexView) -> IndexView:
-    H, D = like.keys.shape[1], like.keys.shape[3]
-    dev = like.keys.device
-    return IndexView(
-        keys=like.keys.new_zeros(1, H, 0, D), values=like.values.new_zeros(1, H, 0, D),
-        offsets=torch.zeros(1, H, 1, dtype=torch.long, device=dev),
-        sizes=torch.zeros(1, H, 0, dtype=torch.long, device=dev),
-        meta={k: v.new_zeros(1, H, 0, *v.shape[3:]) for k, v in like.meta.items()},
-        num_units=torch.zeros(1, dtype=torch.long),
-    )
-
-

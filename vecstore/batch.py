@@ -1,0 +1,69 @@
+"""Many sequences queried as one batch: stacked steady zones and cached stacked views."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from vecstore.executor.base import Steady
+from vecstore.index.base import IndexView
+
+if TYPE_CHECKING:
+    from vecstore.sequence import Sequence
+
+__all__ = ["BatchViews", "stack_steady", "empty_view"]
+
+
+class BatchViews:
+    """The stacked index view of the last batch queried per layer, reused while none of
+    its sequences' segments change (decode steps query the same batch every layer)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[tuple[tuple[int, int], ...], IndexView | None]] = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def view(self, seqs: list[Sequence], layer: int) -> IndexView | None:
+        """The ``B = len(seqs)`` view of ``layer`` (``None`` if no sequence has segments)."""
+        if len(seqs) == 1:
+            return seqs[0].layers[layer].view()
+        key = tuple((id(s), s.layers[layer].version) for s in seqs)
+        cached = self._cache.get(layer)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        views = [s.layers[layer].view() for s in seqs]
+        present = [v for v in views if v is not None]
+        batch = None
+        if present:
+            batch = IndexView.stack([v if v is not None else empty_view(present[0])
+                                     for v in views])
+        self._cache[layer] = (key, batch)
+        return batch
+
+
+def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
+    """The steady zones of ``layer`` of ``seqs``, zero-padded to ``[B, Hkv, S, D]``."""
+    parts = [s.layers[layer].steady() for s in seqs]
+    S = max(k.shape[1] for k, _ in parts)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x.new_zeros(x.shape[0], S - x.shape[1], x.shape[2])], dim=1)
+
+    lengths = torch.tensor([k.shape[1] for k, _ in parts], device=seqs[0].device)
+    return Steady(torch.stack([pad(k) for k, _ in parts]),
+                  torch.stack([pad(v) for _, v in parts]), lengths)
+
+
+def empty_view(like: IndexView) -> IndexView:
+    """A ``B = 1`` view with no units, shaped like ``like`` (a batch row without segments)."""
+    H, D = like.keys.shape[1], like.keys.shape[3]
+    dev = like.keys.device
+    return IndexView(
+        keys=like.keys.new_zeros(1, H, 0, D), values=like.values.new_zeros(1, H, 0, D),
+        offsets=torch.zeros(1, H, 1, dtype=torch.long, device=dev),
+        sizes=torch.zeros(1, H, 0, dtype=torch.long, device=dev),
+        meta={k: v.new_zeros(1, H, 0, *v.shape[3:]) for k, v in like.meta.items()},
+        num_units=torch.zeros(1, dtype=torch.long),
+    )

@@ -1,0 +1,258 @@
+"""The catalog: opening, schema versions, snapshots and one-transaction commits."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy.orm import Session
+
+from vecstore.catalog.engine import make_engine, sql_errors
+from vecstore.catalog.records import (
+    ChunkRecord,
+    Commit,
+    FileRecord,
+    LayerChange,
+    LayerRecord,
+    NewSequence,
+    SegmentRecord,
+    SequenceRecord,
+)
+from vecstore.catalog.schema import (
+    FORMAT,
+    SCHEMA_VERSION,
+    Base,
+    ClusterRow,
+    FileRow,
+    LayerRow,
+    SegmentRow,
+    SequenceRow,
+    SteadyChunkRow,
+    StoreRow,
+)
+from vecstore.errors import CatalogError, SchemaVersionError
+
+__all__ = ["Catalog"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Catalog:
+    """The SQLite catalog of one store.
+
+    Every read runs in one snapshot transaction and every write in one explicit
+    transaction, so a reader never sees part of a commit. Open with :meth:`open`;
+    create a new file with :meth:`initialize`.
+    """
+
+    def __init__(self, path: Path, *, read_only: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._engine = make_engine(path, read_only=read_only)
+        self._lock = threading.Lock()
+        self._layer_ids: dict[tuple[str, int], int] = {}
+        self._seq_ids: dict[str, int] = {}
+        self.config: dict[str, Any] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @staticmethod
+    def initialize(path: Path, config: dict[str, Any]) -> None:
+        """Write a new, empty catalog at ``path`` (which must not exist yet)."""
+        from vecstore import __version__
+
+        engine = make_engine(path, read_only=False)
+        try:
+            with sql_errors(path):
+                Base.metadata.create_all(engine)
+                with Session(engine) as s, s.begin():
+                    s.add(StoreRow(id=1, format=FORMAT, schema_version=SCHEMA_VERSION,
+                                   created_by=f"vecstore {__version__}", created_at=_now(),
+                                   config_json=json.dumps(config, sort_keys=True)))
+                    s.execute(text(f"PRAGMA user_version = {SCHEMA_VERSION}"))
+        finally:
+            engine.dispose()
+
+    @classmethod
+    def open(cls, path: Path, *, read_only: bool) -> Catalog:
+        """Open an existing catalog, checking that it is a vecstore catalog of this
+        schema version.
+
+        Raises
+        ------
+        CorruptionError
+            The file is not an SQLite database or is damaged.
+        SchemaVersionError
+            It was written by an incompatible vecstore.
+        CatalogError
+            It is an SQLite file but not a vecstore catalog.
+        """
+        cat = cls(path, read_only=read_only)
+        try:
+            with sql_errors(path), cat._engine.connect() as conn:
+                version = conn.exec_driver_sql("PRAGMA user_version").scalar()
+                tables = set(conn.exec_driver_sql(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'").scalars())
+                if "store" not in tables:
+                    raise CatalogError(f"{path} is an SQLite file but not a vecstore catalog "
+                                       "(it has no 'store' table)")
+                row = conn.execute(select(StoreRow.format, StoreRow.schema_version,
+                                          StoreRow.config_json)).first()
+            if row is None or row.format != FORMAT:
+                raise CatalogError(f"{path} is not a vecstore catalog (store.format is "
+                                   f"{None if row is None else row.format!r})")
+            if version != SCHEMA_VERSION or row.schema_version != SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"catalog {path} has schema version {row.schema_version} "
+                    f"(user_version {version}); this vecstore reads version {SCHEMA_VERSION}: "
+                    "open it with the vecstore release that wrote it")
+            cat.config = json.loads(row.config_json)
+        except BaseException:
+            cat.close()
+            raise
+        return cat
+
+    def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        self._engine.dispose()
+
+    # -- reads ---------------------------------------------------------------------------
+    def load(self) -> list[SequenceRecord]:
+        """Every sequence with its layers, segments and steady chunks, from one snapshot."""
+        with self._lock, sql_errors(self.path), Session(self._engine) as s, s.begin():
+            seqs = s.scalars(select(SequenceRow).order_by(SequenceRow.id)).all()
+            layers = s.execute(select(LayerRow).order_by(LayerRow.sequence_id,
+                                                         LayerRow.layer)).scalars().all()
+            segs = s.execute(
+                select(SegmentRow.layer_id, SegmentRow.start, SegmentRow.end,
+                       SegmentRow.num_units, SegmentRow.index_kind, FileRow.path,
+                       FileRow.size, FileRow.checksum)
+                .join(FileRow, SegmentRow.file_id == FileRow.id)
+                .order_by(SegmentRow.layer_id, SegmentRow.start)).all()
+            chunks = s.execute(
+                select(SteadyChunkRow.layer_id, SteadyChunkRow.zone,
+                       SteadyChunkRow.first_token, SteadyChunkRow.num_tokens,
+                       SteadyChunkRow.keys, SteadyChunkRow.values, SteadyChunkRow.checksum)
+                .order_by(SteadyChunkRow.layer_id, SteadyChunkRow.zone,
+                          SteadyChunkRow.first_token)).all()
+            seg_by_layer: dict[int, list[SegmentRecord]] = defaultdict(list)
+            for r in segs:
+                seg_by_layer[r.layer_id].append(SegmentRecord(
+                    r.start, r.end, r.num_units, r.index_kind,
+                    FileRecord(r.path, r.size, r.checksum)))
+            chunk_by_layer: dict[int, list[ChunkRecord]] = defaultdict(list)
+            for c in chunks:
+                chunk_by_layer[c.layer_id].append(ChunkRecord(
+                    c.zone, c.first_token, c.num_tokens, c.keys, c.values, c.checksum))
+            layers_by_seq: dict[int, list[LayerRecord]] = defaultdict(list)
+            names = {q.id: q.name for q in seqs}
+            layer_ids: dict[tuple[str, int], int] = {}
+            for lr in layers:
+                layers_by_seq[lr.sequence_id].append(LayerRecord(
+                    lr.layer, lr.num_tokens, lr.index_kind,
+                    tuple(seg_by_layer[lr.id]), tuple(chunk_by_layer[lr.id])))
+                layer_ids[(names[lr.sequence_id], lr.layer)] = lr.id
+            self._seq_ids, self._layer_ids = {q.name: q.id for q in seqs}, layer_ids
+            return [SequenceRecord(
+                q.id, q.name, q.directory, q.num_layers, q.num_kv_heads, q.head_dim, q.dtype,
+                q.device, q.fingerprint, q.num_tokens, q.created_at, q.updated_at,
+                tuple(layers_by_seq[q.id])) for q in seqs]
+
+    def sequence_exists(self, seq_id: int) -> bool:
+        """Whether sequence ``seq_id`` is still committed (a writer may have dropped it)."""
+        with self._lock, sql_errors(self.path), Session(self._engine) as s, s.begin():
+            return s.get(SequenceRow, seq_id) is not None
+
+    def session(self) -> Session:
+        """A session on the catalog for read-only inspection (``verify``, ``info``);
+        use it as ``with catalog.session() as s, s.begin():``."""
+        return Session(self._engine, expire_on_commit=False)
+
+    # -- writes --------------------------------------------------------------------------
+    def commit(self, plan: Commit) -> list[str]:
+        """Apply ``plan`` in one transaction; returns the data directories of the dropped
+        sequences (for the caller to delete after the commit)."""
+        now = _now()
+        seq_ids, layer_ids = dict(self._seq_ids), dict(self._layer_ids)
+        with self._lock, sql_errors(self.path), Session(self._engine) as s, s.begin():
+            gone = []
+            for name in plan.dropped:
+                row = s.scalars(select(SequenceRow).where(SequenceRow.name == name)).one()
+                gone.append(row.directory)
+                s.delete(row)
+                seq_ids.pop(name, None)
+                for key in [k for k in layer_ids if k[0] == name]:
+                    del layer_ids[key]
+            s.flush()
+            for new in plan.created:
+                seq_ids[new.name] = self._insert_sequence(s, new, now, layer_ids)
+            for change in plan.layers:
+                self._apply(s, change, seq_ids[change.sequence],
+                            layer_ids[(change.sequence, change.layer)], now)
+            for name, count in plan.sequence_tokens.items():
+                s.execute(update(SequenceRow).where(SequenceRow.name == name)
+                          .values(num_tokens=count, updated_at=now))
+        self._seq_ids, self._layer_ids = seq_ids, layer_ids
+        return gone
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the main file and truncate it."""
+        with self._lock, sql_errors(self.path), self._engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    @staticmethod
+    def _insert_sequence(s: Session, new: NewSequence, now: datetime,
+                         layer_ids: dict[tuple[str, int], int]) -> int:
+        row = SequenceRow(name=new.name, directory=new.directory,
+                          num_layers=len(new.index_kinds), num_kv_heads=new.num_kv_heads,
+                          head_dim=new.head_dim, dtype=new.dtype, device=new.device,
+                          fingerprint=new.fingerprint, num_tokens=0, created_at=now,
+                          updated_at=now)
+        s.add(row)
+        s.flush()
+        layers = [LayerRow(sequence_id=row.id, layer=i, num_tokens=0, index_kind=kind)
+                  for i, kind in enumerate(new.index_kinds)]
+        s.add_all(layers)
+        s.flush()
+        for lr in layers:
+            layer_ids[(new.name, lr.layer)] = lr.id
+        return row.id
+
+    @staticmethod
+    def _apply(s: Session, change: LayerChange, seq_id: int, layer_id: int,
+               now: datetime) -> None:
+        for seg in change.segments:
+            f = FileRow(sequence_id=seq_id, path=seg.file.path, size=seg.file.size,
+                        checksum=seg.file.checksum, created_at=now)
+            s.add(f)
+            s.flush()
+            row = SegmentRow(layer_id=layer_id, file_id=f.id, start=seg.start, end=seg.end,
+                             num_units=seg.num_units, index_kind=seg.index_kind, **seg.params)
+            s.add(row)
+            s.flush()
+            if seg.clusters is not None:
+                s.execute(insert(ClusterRow), [
+                    {"segment_id": row.id, "head": h, "unit": u, "row_start": offs[u],
+                     "size": offs[u + 1] - offs[u]}
+                    for h, offs in enumerate(seg.clusters) for u in range(len(offs) - 1)])
+        if change.sink is not None:
+            s.add(_chunk_row(layer_id, change.sink))
+        if change.replace_tail:
+            s.execute(delete(SteadyChunkRow).where(SteadyChunkRow.layer_id == layer_id,
+                                                   SteadyChunkRow.zone == "tail"))
+        if change.tail is not None:
+            s.add(_chunk_row(layer_id, change.tail))
+        s.execute(update(LayerRow).where(LayerRow.id == layer_id)
+                  .values(num_tokens=change.num_tokens))
+
+
+def _chunk_row(layer_id: int, c: ChunkRecord) -> SteadyChunkRow:
+    return SteadyChunkRow(layer_id=layer_id, zone=c.zone, first_token=c.first_token,
+                          num_tokens=c.num_tokens, keys=c.keys, values=c.values,
+                          checksum=c.checksum)

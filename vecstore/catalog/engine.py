@@ -1,0 +1,86 @@
+"""SQLite connections for the catalog: pragmas, explicit transactions, error mapping."""
+
+from __future__ import annotations
+
+import sqlite3
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from vecstore.errors import CatalogError, CorruptionError, LockedError, ReadOnlyError
+
+__all__ = ["BUSY_TIMEOUT_S", "make_engine", "sql_errors"]
+
+BUSY_TIMEOUT_S = 10.0
+"""How long a statement waits for another connection's lock before failing (a writer
+checkpointing the WAL holds it for milliseconds)."""
+
+# SQLite primary result codes (https://www.sqlite.org/rescode.html)
+_BUSY, _LOCKED, _READONLY, _CORRUPT, _NOTADB = 5, 6, 8, 11, 26
+
+
+def make_engine(path: Path, *, read_only: bool) -> Engine:
+    """An engine with one shared connection to ``path``.
+
+    Writers use WAL mode with ``synchronous=FULL`` (a commit is on disk when it
+    returns); readers open the file with ``mode=ro``. Foreign keys are on and every
+    transaction starts with an explicit ``BEGIN``, so a read sees one snapshot.
+    """
+
+    def connect() -> sqlite3.Connection:
+        if read_only:
+            target, uri = f"file:{urllib.parse.quote(str(path))}?mode=ro", True
+        else:
+            target, uri = str(path), False
+        return sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
+
+    engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=StaticPool)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        # pysqlite must not issue BEGIN on its own (it skips it before SELECT)
+        dbapi_connection.isolation_level = None
+        cur = dbapi_connection.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        if not read_only:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+@contextmanager
+def sql_errors(path: Path) -> Iterator[None]:
+    """Turn SQLite failures into vecstore errors naming the catalog file."""
+    try:
+        yield
+    except DBAPIError as exc:
+        raise _translate(path, exc.orig or exc) from exc
+    except sqlite3.Error as exc:
+        raise _translate(path, exc) from exc
+    except SQLAlchemyError as exc:
+        raise CatalogError(f"catalog {path}: {exc}") from exc
+
+
+def _translate(path: Path, exc: BaseException) -> CatalogError | LockedError | ReadOnlyError:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (_CORRUPT, _NOTADB) or "malformed" in str(exc):
+        return CorruptionError(f"catalog {path} is corrupt: {exc}")
+    if code in (_BUSY, _LOCKED):
+        return LockedError(f"catalog {path} stayed locked for {BUSY_TIMEOUT_S:g} s: {exc}")
+    if code == _READONLY:
+        return ReadOnlyError(f"catalog {path} cannot be written: {exc}")
+    return CatalogError(f"catalog {path}: {exc}")

@@ -1,0 +1,62 @@
+"""The writer lock: an exclusive ``flock`` on ``<store>/LOCK``.
+
+The kernel releases the lock when the holder's process ends, even by SIGKILL, so a
+crashed writer never leaves a store locked. Readers take no lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from vecstore.errors import LockedError
+
+__all__ = ["WriteLock"]
+
+
+class WriteLock:
+    """Hold the write lock of the store whose lock file is ``path``.
+
+    Raises
+    ------
+    LockedError
+        If another open writer (in any process, this one included) holds it.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> lock = WriteLock(d / "LOCK")
+    >>> try:
+    ...     WriteLock(d / "LOCK")
+    ... except LockedError:
+    ...     print("locked")
+    locked
+    >>> lock.release()
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise LockedError(
+                f"store {path.parent} is already open for writing (process {holder} holds "
+                f"{path}); close that writer, or open this one with read_only=True") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Release the lock; safe to call twice."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
