@@ -137,9 +137,7 @@ def _launch(
     if rows == 0 or num_q_heads == 0:
         return
     by_clusters = starts is not None
-    num_splits, split_len = plan_splits(
-        rows, split_items, 1 if by_clusters else block_n, q.device
-    )
+    num_splits, split_len = plan_splits(rows, split_items, 1 if by_clusters else block_n, q.device)
     if num_splits == 1:
         part_out, part_lse = out, lse
     else:
@@ -207,6 +205,4 @@ def cluster_attention_triton(
     Inputs are already checked and contiguous; ``starts`` and ``lengths`` are ``[B, Hkv, R]``.
     Writes float32 ``out [B, Hq, D]`` and ``lse [B, Hq]``.
     """
-    _launch(
-        q, keys, values, starts, lengths, scale, out, lse, starts.shape[2], _BLOCK_N_CLUSTERS
-    )
+    _launch(q, keys, values, starts, lengths, scale, out, lse, starts.shape[2], _BLOCK_N_CLUSTERS)

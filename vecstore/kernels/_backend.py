@@ -6,9 +6,10 @@ tensors runs only under Triton's interpreter (``TRITON_INTERPRET=1``), which is 
 exercise the kernels without a GPU.
 
 Kernels are wrapped in :class:`LazyKernel`, which applies ``triton.jit`` at the first launch
-rather than at import, so whether a kernel is compiled or interpreted follows
-``TRITON_INTERPRET`` at launch time, whatever the import order (``triton.jit`` itself decides
-once, when it decorates).
+rather than at import, so importing a kernel module does no Triton work. Note that
+``TRITON_INTERPRET=1`` must be set before ``triton`` itself is imported: Triton decorates its
+own language functions (``tl.sum``, ``tl.zeros``, ...) then, and interpreted kernels cannot
+call compiled ones.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def resolve_backend(backend: str, device: torch.device) -> Literal["triton", "to
 
 
 class LazyKernel:
-    """A Triton kernel that is jitted at its first launch, once per mode.
+    """A Triton kernel that is jitted at its first launch (once per interpreter setting).
 
     Parameters
     ----------

@@ -86,9 +86,7 @@ def estimate_zone(
     sizes = int_input(sizes, "sizes", (batch, None, num_clusters))
     num_kv_heads = sizes.shape[1]
     group_size(num_q_heads, num_kv_heads)
-    value_sums = float_input(
-        value_sums, "value_sums", (batch, num_kv_heads, num_clusters, None)
-    )
+    value_sums = float_input(value_sums, "value_sums", (batch, num_kv_heads, num_clusters, None))
     est_ids = int_input(est_ids, "est_ids", (batch, num_kv_heads, None))
     device = same_device(logits=logits, sizes=sizes, value_sums=value_sums, est_ids=est_ids)
     dim = value_sums.shape[-1]
@@ -129,9 +127,7 @@ def _estimate_zone_torch(
     counts_f = torch.where(valid, counts, torch.ones_like(counts)).float()
     grouped = logits.view(batch, num_kv_heads, group, num_clusters)
     picked = grouped.gather(-1, safe_ids.unsqueeze(2).expand(-1, -1, group, -1))  # [B,Hkv,G,E]
-    weights = (picked + counts_f.log().unsqueeze(2)).masked_fill(
-        ~valid.unsqueeze(2), float("-inf")
-    )
+    weights = (picked + counts_f.log().unsqueeze(2)).masked_fill(~valid.unsqueeze(2), float("-inf"))
     lse = torch.logsumexp(weights, dim=-1)  # [B, Hkv, G]
     ref = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     probs = torch.exp(weights - ref.unsqueeze(-1)) / counts_f.unsqueeze(2)  # [B, Hkv, G, E]
