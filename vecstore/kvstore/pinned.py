@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from vecstore.errors import CapacityError
 from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes
 
 __all__ = ["PinnedKVStore"]
@@ -47,10 +48,21 @@ class PinnedKVStore:
         self._account.charge(num_bytes)
         out = []
         for x in (keys, values):
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=self.is_pinned)
-            host.copy_(x)
+            host = x.to("cpu", copy=True).contiguous()
+            if self.is_pinned:
+                # register in place: torch's pinned allocator would round each tensor up to
+                # a power of two, nearly doubling the pinned memory of a large layer
+                size = host.numel() * host.element_size()
+                err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)
+                if int(err) != 0:
+                    self._account.release(num_bytes)
+                    raise CapacityError(f"pinned KV budget: could not pin {size} bytes "
+                                        f"(cudaHostRegister error {int(err)})")
             out.append(host)
         return StoredRows(out[0], out[1], num_bytes)
 
     def free(self, rows: StoredRows) -> None:
+        if self.is_pinned:
+            for x in (rows.keys, rows.values):
+                torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
         self._account.release(rows.num_bytes)
