@@ -272,8 +272,8 @@ def main() -> None:
     ceil = ceilings(dev, timer)
     print("ceilings", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
     sweep = [(32768, 8), (131072, 8)] if args.quick else [
-        (131072, 8), (1048576, 4), (524288, 8), (131072, 1), (131072, 32), (32768, 8),
-        (32768, 64), (1048576, 1), (1048576, 8)]
+        (131072, 8), (524288, 8), (1048576, 4), (131072, 32), (131072, 1), (1048576, 1),
+        (32768, 8), (32768, 64), (1048576, 8)]
     rows = []
     for tokens, batch in sweep:
         if time.time() - t_start > args.budget_s:

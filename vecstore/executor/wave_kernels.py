@@ -70,7 +70,7 @@ def _select_kernel(
     # radix select, 4 bits a pass: after the pass at `shift`, t is the largest prefix
     # such that at least k keys are >= t; at the end t is the k-th largest key
     for p in tl.static_range(8):
-        shift: tl.constexpr = 28 - 4 * p
+        shift = 28 - 4 * p
         cand1 = t1 | (digits << shift)  # [16]
         cand2 = t2 | (digits << shift)
         cnt1 = tl.zeros([16], tl.int32)
@@ -304,9 +304,9 @@ def _estimated_kernel(
 
 
 def _copy_kernel(
-    ids_ptr, cum_ptr, count_ptr, slot_ptr, src_start_ptr,
+    cum_ptr, count_ptr, slot_ptr, src_start_ptr,
     src_k_ptr, src_v_ptr, dst_k_ptr, dst_v_ptr,
-    C, R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,
+    R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,
     MODE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # MODE 0: misses, source rows -> execution buffer; MODE 1: hits, cache slot -> execution
@@ -492,7 +492,7 @@ def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, src_k: torch.Tens
     """
     rows, r_max = zones.ids.shape
     _COPY[(rows, r_max)](
-        zones.ids, zones.cum, zones.count, slot, zones.first_row, src_k, src_v, dst_k, dst_v,
-        0, r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
+        zones.cum, zones.count, slot, zones.first_row, src_k, src_v, dst_k, dst_v,
+        r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
         MODE=mode, D=src_k.shape[2], BLOCK_N=32,
     )

@@ -1,0 +1,98 @@
+"""Wave index build (segmented spherical k-means) per layer vs that layer's causal prefill.
+
+Llama-3-8B attention shape (32 q heads, 8 KV heads, d=128, bf16). For each context, the
+time of ``WaveIndex.build`` over one layer's keys (every clusterer available on the GPU)
+and of the same layer's causal prefill attention (torch SDPA, flash kernel), both on the
+GPU, medians of wall-clock time around synchronised calls.
+
+Writes ``index_build.{json,md}`` under ``--out`` (default ``benchmarks/results``).
+
+    python benchmarks/index_build.py [--contexts 131072 1048576] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
+from vecstore.cluster import CLUSTERERS  # noqa: E402
+from vecstore.config import StoreConfig  # noqa: E402
+from vecstore.index.wave import WaveIndex  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+
+
+def wall(fn, reps: int, warmup: bool = True) -> float:
+    """Median seconds of ``fn`` (synchronised), after one warm-up call if asked."""
+    if warmup:
+        fn()
+        torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[131072, 1048576])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for tokens in args.contexts:
+        centres = torch.randn(HKV, tokens // 64, D, generator=gen, device=dev)
+        pick = torch.randint(0, centres.shape[1], (HKV, tokens), generator=gen, device=dev)
+        keys = (torch.gather(centres, 1, pick[..., None].expand(-1, -1, D))
+                + 0.5 * torch.randn(HKV, tokens, D, generator=gen, device=dev)).bfloat16()
+        values = torch.randn(HKV, tokens, D, generator=gen, device=dev).bfloat16()
+        q = torch.randn(1, HQ, tokens, D, generator=gen, device=dev).bfloat16()
+        # long contexts: one repeat, kernels already warm from the shorter ones
+        reps, warm = (3, True) if tokens <= 262144 else (1, not rows)
+        prefill = wall(lambda q=q, k=keys, v=values: F.scaled_dot_product_attention(
+            q, k[None], v[None], is_causal=True, enable_gqa=True), reps, warm)
+        flops = 4 * tokens * tokens * D * HQ / 2
+        row = {"context": tokens, "prefill_attention_s": prefill,
+               "prefill_tflops": flops / prefill / 1e12}
+        for kind in ("torch", "cupy"):
+            if kind not in CLUSTERERS.names():
+                continue
+            index = WaveIndex(StoreConfig.from_dict({"cluster": {"kind": kind}}))
+            try:
+                build = wall(lambda index=index, k=keys, v=values: index.build(k, v, 4), reps,
+                             warm)
+            except (ImportError, RuntimeError) as exc:
+                print(f"{kind}: {exc}", flush=True)
+                continue
+            row[f"build_{kind}_s"] = build
+            row[f"build_{kind}_over_prefill"] = build / prefill
+        rows.append(row)
+        print(row, flush=True)
+        del keys, values, q, centres, pick
+        torch.cuda.empty_cache()
+    meta = {**machine(), "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D,
+                                    "dtype": "bfloat16"},
+            "index": "segments of 8192 tokens, 16 tokens per cluster, 10 iterations",
+            "timing": "wall clock around synchronised calls, median (3 repeats; 1 at 1M)"}
+    cols = ["context", "prefill_attention_s", "prefill_tflops", "build_torch_s",
+            "build_torch_over_prefill", "build_cupy_s", "build_cupy_over_prefill"]
+    write_results(args.out, "index_build", meta, rows, cols,
+                  "Wave index build per layer vs causal prefill attention")
+    print("\n" + (args.out / "index_build.md").read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
