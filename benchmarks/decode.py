@@ -238,6 +238,39 @@ def offloaded(timer: Timer, ceil: dict[str, float], batch: int, tokens: int,
     return row
 
 
+def profile(batch: int, tokens: int, dev: torch.device, offload: bool, path: Path) -> None:
+    """Append the per-kernel device times of three eager decode steps to ``path``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    view, steady, q = make_inputs(batch, tokens, dev, seed=3)
+    pinned = None
+    if offload:
+        pinned = PinnedKVStore()
+        rows = pinned.store(view.keys, view.values)
+        view = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets,
+                         sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    ex = WaveExecutor(dev.type)
+    prep = ex.prepare(view, LAYER, WaveIndex(CFG))
+    qs = q.contiguous()
+    for _ in range(3):
+        ex.decode(prep, steady, qs, SCALE)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            ex.decode(prep, steady, qs, SCALE)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=22,
+                                      max_name_column_width=60)
+    with path.open("a") as fh:
+        fh.write(f"\n## {'offloaded' if offload else 'gpu'} batch {batch} context {tokens}, "
+                 "3 steps\n" + table)
+    if prep.buffer is not None:
+        prep.buffer.close()
+    if pinned is not None:
+        pinned.free(rows)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -265,12 +298,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="skip remaining sizes after this many seconds")
+    parser.add_argument("--profile", action="store_true",
+                        help="first write per-kernel times of a few steps to profile.txt")
     args = parser.parse_args()
     dev = torch.device("cuda")
     t_start = time.time()
     timer = Timer(dev)
     ceil = ceilings(dev, timer)
     print("ceilings", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
+    if args.profile:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for batch, tokens, off in ((8, 131072, False), (4, 1048576, False), (1, 1048576, True)):
+            profile(batch, tokens, dev, off, args.out / "profile.txt")
+            torch.cuda.empty_cache()
     sweep = [(32768, 8), (131072, 8)] if args.quick else [
         (131072, 8), (524288, 8), (1048576, 4), (131072, 32), (131072, 1), (1048576, 1),
         (32768, 8), (32768, 64), (1048576, 8)]

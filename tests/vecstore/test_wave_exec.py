@@ -48,20 +48,25 @@ def test_select_zones_is_a_stable_top_k(interpret):
     from vecstore.executor.wave_kernels import select_zones
 
     gen = torch.Generator().manual_seed(0)
-    rows, C = 3, 1500
+    rows, C = 5, 2500  # three chunks of 1024
     score = torch.rand(rows, C, generator=gen)
     score[0, :10] = score[0, 10]  # ties across the retrieval threshold
     score[1, 1000:] = float("-inf")
+    score[3] = 0.5  # all tied: chunk 0 taken whole, chunk 1 in part
+    score[4, ::2] = 0.25  # ties split across chunks at both thresholds
     sizes = torch.randint(1, 30, (rows, C), generator=gen, dtype=torch.int32)
     sizes[1, 1000:] = 0
+    sizes[3, 1030:1040] = 0  # empty clusters among the ties are skipped
     first = (torch.cumsum(sizes, 1) - sizes).int()
-    k1 = torch.tensor([45, 36, 0], dtype=torch.int32)
-    k2 = torch.tensor([600, 500, 7], dtype=torch.int32)
-    z = Zones.empty(rows, C, 45, torch.device("cpu"))
+    k1 = torch.tensor([45, 36, 0, 1100, 700], dtype=torch.int32)
+    k2 = torch.tensor([600, 500, 7, 2000, 1300], dtype=torch.int32)
+    z = Zones.empty(rows, C, 1100, torch.device("cpu"))
     select_zones(score, sizes, first, k1, k2, z)
     for r in range(rows):
         order = sorted(range(C), key=lambda i: (-score[r, i].item(), i))
-        ret, est = sorted(order[:k1[r]]), sorted(order[k1[r]:k2[r]])
+        real = set((sizes[r] > 0).nonzero().flatten().tolist())
+        ret = sorted(i for i in order[:k1[r]] if i in real)
+        est = sorted(i for i in order[k1[r]:k2[r]] if i in real)
         n = int(z.count[r])
         assert sorted(z.ids[r, :n].tolist()) == ret
         assert (z.zone[r] == 2).nonzero().flatten().tolist() == est

@@ -99,6 +99,9 @@ class PreparedView:
         ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters per row.
     r_max : int
         Largest ``k1``.
+    max_rows : int
+        Most rows the retrieved clusters of a row can hold (its ``r_max`` largest
+        clusters): the execution buffer's length.
     tokens_total : int
         Indexed tokens over all rows, per KV head.
     buffer : WaveBuffer | None
@@ -115,6 +118,7 @@ class PreparedView:
     k1: torch.Tensor
     k2: torch.Tensor
     r_max: int
+    max_rows: int
     tokens_total: int
     buffer: WaveBuffer | None
 
@@ -270,12 +274,13 @@ class WaveExecutor:
         cent = view.meta["centroids"].to(self.score_dtype or kv_dtype).contiguous()
         keys = view.keys.reshape(rows, N, D)
         values = view.values.reshape(rows, N, D)
+        # the execution buffer fits the r_max largest clusters of any row
+        top = torch.sort(sizes, dim=1, descending=True).values[:, :r_max].sum(1)
+        max_rows = max(1, int(top.max()))
         buffer = None
         if keys.device != dev or self.simulate_offload:  # offloaded: the block cache serves
-            # the execution buffer fits the r_max largest clusters of any row
-            top = torch.sort(sizes, dim=1, descending=True).values[:, :r_max].sum(1)
             buffer = WaveBuffer(
-                keys, values, num_clusters=C, r_max=r_max, exec_rows=max(1, int(top.max())),
+                keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
                 num_slots=max(1, math.ceil(self.cache_capacity * C)),
                 slot_tokens=self.slot_tokens, device=dev, policy=self.cache_policy)
         return PreparedView(
@@ -283,7 +288,7 @@ class WaveExecutor:
             sizes=sizes.to(dev, torch.int32).contiguous(),
             first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
             keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
-            tokens_total=int(view.sizes.sum()), buffer=buffer,
+            max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
         )
 
     # -- the step ------------------------------------------------------------------------
@@ -300,6 +305,7 @@ class WaveExecutor:
             attend_estimated,
             attend_retrieved,
             attend_steady,
+            build_rowmap,
             combine,
             estimate_layout,
             retrieved_layout,
@@ -316,7 +322,7 @@ class WaveExecutor:
         score = group_scores_triton(qs, prep.centroids, prep.sizes.view(B, -1, C), scale, logits)
         zones = Zones.empty(rows, C, prep.r_max, dev)
         select_zones(score.view(rows, C), prep.sizes, prep.first_row, prep.k1, prep.k2, zones)
-        _, n_ret = retrieved_layout(prep.r_max)
+        _, n_ret = retrieved_layout(prep.max_rows)
         n_std = steady_splits(steady.keys.shape[2])
         _, n_est = estimate_layout(C)
         P = n_ret + n_std + n_est
@@ -332,10 +338,12 @@ class WaveExecutor:
         attend_estimated(logits.view(B * Hq, C), prep.sizes, prep.vmean, zones.zone, parts,
                          n_ret + n_std)
         if buf is None:
-            attend_retrieved(qf, prep.keys, prep.values, zones, scale, parts, 0, contiguous=False)
+            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
+            build_rowmap(zones, rowmap)
+            attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
         else:
             buf.wait_misses()
-            attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, scale, parts, 0, contiguous=True)
+            attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
             buf.admit()
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)

@@ -39,113 +39,237 @@ __all__ = [
     "attend_steady",
     "attend_estimated",
     "copy_clusters",
-    "CLUSTERS_PER_SPLIT",
+    "build_rowmap",
+    "RETRIEVED_SPLIT",
     "STEADY_SPLIT",
     "ESTIMATE_SPLIT",
 ]
 
 _SELECT_BLOCK = 1024
-CLUSTERS_PER_SPLIT = 16
-_LOG_CPS = 4  # binary-search steps over CLUSTERS_PER_SPLIT running sizes
+RETRIEVED_SPLIT = 256
 STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 512
 _BLOCK_N = 64
 _BLOCK_E = 64
 
 
-def _select_kernel(
-    score_ptr, sizes_ptr, starts_ptr, k1_ptr, k2_ptr,
-    zone_ptr, ids_ptr, rstart_ptr, cum_ptr, count_ptr,
-    C, R_MAX,
+def _radix_pass_kernel(
+    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
+    PASS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # counts[row, which, pass, d]: keys >= prefix | d << shift, summed over all chunks; the
+    # prefix of this pass follows from the counts of the earlier ones (4 bits each)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    k1 = tl.load(k1_ptr + row)
+    k2 = tl.load(k2_ptr + row)
+    digits = tl.arange(0, 16)
+    udig = digits.to(tl.uint32)
+    t1 = tl.zeros([1], tl.uint32)
+    t2 = tl.zeros([1], tl.uint32)
+    for p in tl.static_range(PASS):
+        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
+        c2 = tl.load(counts_ptr + (row * 16 + 8 + p) * 16 + digits)
+        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
+        t2 = t2 | (tl.sum(((c2 >= k2) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
+    cand1 = t1 | (udig << (28 - 4 * PASS))
+    cand2 = t2 | (udig << (28 - 4 * PASS))
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    s = tl.load(score_ptr + row * C + idx, mask=idx < C, other=float("nan"))
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = tl.where(idx < C, key, 0)
+    cnt1 = tl.sum((key[:, None] >= cand1[None, :]).to(tl.int32), axis=0)
+    cnt2 = tl.sum((key[:, None] >= cand2[None, :]).to(tl.int32), axis=0)
+    tl.atomic_add(counts_ptr + (row * 16 + PASS) * 16 + digits, cnt1)
+    tl.atomic_add(counts_ptr + (row * 16 + 8 + PASS) * 16 + digits, cnt2)
+
+
+def _zone_stats_kernel(
+    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
+    BLOCK: tl.constexpr,
+):
+    # per chunk: [gt1, gt1 real, eq1, eq1 real, size gt1 real, size eq1 real, gt2, eq2]
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    k1 = tl.load(k1_ptr + row)
+    k2 = tl.load(k2_ptr + row)
+    digits = tl.arange(0, 16)
+    t1 = tl.zeros([1], tl.uint32)
+    t2 = tl.zeros([1], tl.uint32)
+    for p in tl.static_range(8):
+        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
+        c2 = tl.load(counts_ptr + (row * 16 + 8 + p) * 16 + digits)
+        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
+        t2 = t2 | (tl.sum(((c2 >= k2) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
+    th1 = tl.sum(t1, axis=0)
+    th2 = tl.sum(t2, axis=0)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = tl.where(valid, key, 0)
+    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
+    real = valid & (size > 0)
+    gt1 = (key > th1) & valid
+    eq1 = (key == th1) & valid
+    out = stats_ptr + (row * NCHUNK + chunk) * 8
+    tl.store(out + 0, tl.sum(gt1.to(tl.int32), axis=0))
+    tl.store(out + 1, tl.sum((gt1 & real).to(tl.int32), axis=0))
+    tl.store(out + 2, tl.sum(eq1.to(tl.int32), axis=0))
+    tl.store(out + 3, tl.sum((eq1 & real).to(tl.int32), axis=0))
+    tl.store(out + 4, tl.sum(tl.where(gt1 & real, size, 0), axis=0))
+    tl.store(out + 5, tl.sum(tl.where(eq1 & real, size, 0), axis=0))
+    tl.store(out + 6, tl.sum(((key > th2) & valid).to(tl.int32), axis=0))
+    tl.store(out + 7, tl.sum(((key == th2) & valid).to(tl.int32), axis=0))
+
+
+def _zone_scan_kernel(
+    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, bases_ptr, cum_ptr,
+    count_ptr, C, NCHUNK, R_MAX,
+    BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr,
+):
+    # per row: where each chunk's retrieved clusters start (ids and rows), and the ranks of
+    # the threshold ties before each chunk; bases[row, chunk] = [pos, rows, eq1, eq2] and
+    # bases[row, NCHUNK] = [ties still to take at threshold 1 and 2, -, -]
+    row = tl.program_id(0).to(tl.int64)
+    k1 = tl.load(k1_ptr + row)
+    digits = tl.arange(0, 16)
+    t1 = tl.zeros([1], tl.uint32)
+    for p in tl.static_range(8):
+        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
+        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
+    th1 = tl.sum(t1, axis=0)
+    k2 = tl.load(k2_ptr + row)
+    ch = tl.arange(0, BLOCK_CH)
+    cm = ch < NCHUNK
+    st = stats_ptr + (row * NCHUNK + ch) * 8
+    gt1 = tl.load(st + 0, mask=cm, other=0)
+    gt1r = tl.load(st + 1, mask=cm, other=0)
+    eq1 = tl.load(st + 2, mask=cm, other=0)
+    eq1r = tl.load(st + 3, mask=cm, other=0)
+    szg = tl.load(st + 4, mask=cm, other=0)
+    sze = tl.load(st + 5, mask=cm, other=0)
+    gt2 = tl.load(st + 6, mask=cm, other=0)
+    eq2 = tl.load(st + 7, mask=cm, other=0)
+    need1 = k1 - tl.sum(gt1, axis=0)
+    need2 = k2 - tl.sum(gt2, axis=0)
+    eq1_before = tl.cumsum(eq1, axis=0) - eq1
+    eq2_before = tl.cumsum(eq2, axis=0) - eq2
+    take = tl.minimum(tl.maximum(need1 - eq1_before, 0), eq1)  # ties of the chunk taken
+    tie_n = tl.where(take == eq1, eq1r, 0)
+    tie_sz = tl.where(take == eq1, sze, 0)
+    # at most one chunk takes part of its ties: count those in id order
+    partial = cm & (take > 0) & (take < eq1)
+    pc = tl.sum(tl.where(partial, ch, 0), axis=0)
+    pt = tl.sum(tl.where(partial, take, 0), axis=0)
+    idx = pc * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
+    e = ((key == th1) & valid).to(tl.int32)
+    rank = tl.cumsum(e, axis=0) - e
+    pick = (e > 0) & (rank < pt) & (size > 0)
+    p_n = tl.sum(pick.to(tl.int32), axis=0)
+    p_sz = tl.sum(tl.where(pick, size, 0), axis=0)
+    is_pc = ch == pc
+    tie_n = tl.where(is_pc & (pt > 0), p_n, tie_n)
+    tie_sz = tl.where(is_pc & (pt > 0), p_sz, tie_sz)
+    n_sel = gt1r + tie_n
+    n_rows = szg + tie_sz
+    pos = tl.cumsum(n_sel, axis=0) - n_sel
+    rws = tl.cumsum(n_rows, axis=0) - n_rows
+    bo = bases_ptr + (row * (NCHUNK + 1) + ch) * 4
+    tl.store(bo + 0, pos, mask=cm)
+    tl.store(bo + 1, rws, mask=cm)
+    tl.store(bo + 2, eq1_before, mask=cm)
+    tl.store(bo + 3, eq2_before, mask=cm)
+    total = tl.sum(n_sel, axis=0)
+    tl.store(count_ptr + row, total)
+    tl.store(cum_ptr + row * (R_MAX + 1) + total, tl.sum(n_rows, axis=0))
+    tl.store(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 0, need1)
+    tl.store(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 1, need2)
+
+
+def _zone_write_kernel(
+    score_ptr, sizes_ptr, starts_ptr, k1_ptr, k2_ptr, counts_ptr, bases_ptr,
+    zone_ptr, ids_ptr, rstart_ptr, cum_ptr,
+    C, NCHUNK, R_MAX,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     k1 = tl.load(k1_ptr + row)
     k2 = tl.load(k2_ptr + row)
-    base = row * C
-    offs = tl.arange(0, BLOCK)
-    digits = tl.arange(0, 16).to(tl.uint32)
+    digits = tl.arange(0, 16)
     t1 = tl.zeros([1], tl.uint32)
     t2 = tl.zeros([1], tl.uint32)
-    # radix select, 4 bits a pass: after the pass at `shift`, t is the largest prefix
-    # such that at least k keys are >= t; at the end t is the k-th largest key
     for p in tl.static_range(8):
-        shift = 28 - 4 * p
-        cand1 = t1 | (digits << shift)  # [16]
-        cand2 = t2 | (digits << shift)
-        cnt1 = tl.zeros([16], tl.int32)
-        cnt2 = tl.zeros([16], tl.int32)
-        for c0 in range(0, C, BLOCK):
-            idx = c0 + offs
-            s = tl.load(score_ptr + base + idx, mask=idx < C, other=float("nan"))
-            bits = s.to(tl.int32, bitcast=True)
-            key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
-            key = tl.where(idx < C, key, 0)
-            cnt1 += tl.sum((key[:, None] >= cand1[None, :]).to(tl.int32), axis=0)
-            cnt2 += tl.sum((key[:, None] >= cand2[None, :]).to(tl.int32), axis=0)
-        d1 = tl.sum(((cnt1 >= k1) & (digits > 0)).to(tl.uint32), axis=0)
-        d2 = tl.sum(((cnt2 >= k2) & (digits > 0)).to(tl.uint32), axis=0)
-        t1 = t1 | (d1 << shift)
-        t2 = t2 | (d2 << shift)
+        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
+        c2 = tl.load(counts_ptr + (row * 16 + 8 + p) * 16 + digits)
+        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
+        t2 = t2 | (tl.sum(((c2 >= k2) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
     th1 = tl.sum(t1, axis=0)
     th2 = tl.sum(t2, axis=0)
-    gt1 = 0
-    gt2 = 0
-    for c0 in range(0, C, BLOCK):
-        idx = c0 + offs
-        s = tl.load(score_ptr + base + idx, mask=idx < C, other=float("nan"))
-        bits = s.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
-        key = tl.where(idx < C, key, 0)
-        gt1 += tl.sum((key > th1).to(tl.int32), axis=0)
-        gt2 += tl.sum((key > th2).to(tl.int32), axis=0)
-    need1 = k1 - gt1  # ties at the threshold still to take, lowest id first
-    need2 = k2 - gt2
-    eq1_seen = 0
-    eq2_seen = 0
-    taken = 0
-    rows_taken = 0
-    for c0 in range(0, C, BLOCK):
-        idx = c0 + offs
-        valid = idx < C
-        s = tl.load(score_ptr + base + idx, mask=valid, other=float("nan"))
-        bits = s.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
-        key = tl.where(valid, key, 0)
-        eq1 = ((key == th1) & valid).to(tl.int32)
-        eq2 = ((key == th2) & valid).to(tl.int32)
-        rank1 = tl.cumsum(eq1, axis=0) - eq1 + eq1_seen
-        rank2 = tl.cumsum(eq2, axis=0) - eq2 + eq2_seen
-        size = tl.load(sizes_ptr + base + idx, mask=valid, other=0)
-        real = valid & (size > 0)  # empty clusters rank last and are never read
-        sel1 = ((key > th1) | ((eq1 > 0) & (rank1 < need1))) & real
-        sel2 = ((key > th2) | ((eq2 > 0) & (rank2 < need2))) & real
-        zone = tl.where(sel1, 1, tl.where(sel2, 2, 0)).to(tl.int8)
-        tl.store(zone_ptr + base + idx, zone, mask=valid)
-        first = tl.load(starts_ptr + base + idx, mask=valid, other=0)
-        s1 = sel1.to(tl.int32)
-        pos = tl.cumsum(s1, axis=0) - s1 + taken
-        take_size = tl.where(sel1, size, 0)
-        run = tl.cumsum(take_size, axis=0) - take_size + rows_taken
-        out = row * (R_MAX + 1) + pos
-        tl.store(ids_ptr + row * R_MAX + pos, idx, mask=sel1)
-        tl.store(rstart_ptr + row * R_MAX + pos, first, mask=sel1)
-        tl.store(cum_ptr + out, run, mask=sel1)
-        eq1_seen += tl.sum(eq1, axis=0)
-        eq2_seen += tl.sum(eq2, axis=0)
-        taken += tl.sum(s1, axis=0)
-        rows_taken += tl.sum(take_size, axis=0)
-    tl.store(cum_ptr + row * (R_MAX + 1) + taken, rows_taken)
-    tl.store(count_ptr + row, taken)
+    bo = bases_ptr + (row * (NCHUNK + 1) + chunk) * 4
+    taken = tl.load(bo + 0)
+    rows_taken = tl.load(bo + 1)
+    eq1_seen = tl.load(bo + 2)
+    eq2_seen = tl.load(bo + 3)
+    need1 = tl.load(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 0)
+    need2 = tl.load(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 1)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = tl.where(valid, key, 0)
+    eq1 = ((key == th1) & valid).to(tl.int32)
+    eq2 = ((key == th2) & valid).to(tl.int32)
+    rank1 = tl.cumsum(eq1, axis=0) - eq1 + eq1_seen
+    rank2 = tl.cumsum(eq2, axis=0) - eq2 + eq2_seen
+    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
+    real = valid & (size > 0)  # empty clusters rank last and are never read
+    sel1 = ((key > th1) | ((eq1 > 0) & (rank1 < need1))) & real
+    sel2 = ((key > th2) | ((eq2 > 0) & (rank2 < need2))) & real
+    zone = tl.where(sel1, 1, tl.where(sel2, 2, 0)).to(tl.int8)
+    tl.store(zone_ptr + row * C + idx, zone, mask=valid)
+    first = tl.load(starts_ptr + row * C + idx, mask=valid, other=0)
+    s1 = sel1.to(tl.int32)
+    pos = tl.cumsum(s1, axis=0) - s1 + taken
+    take_size = tl.where(sel1, size, 0)
+    run = tl.cumsum(take_size, axis=0) - take_size + rows_taken
+    tl.store(ids_ptr + row * R_MAX + pos, idx, mask=sel1)
+    tl.store(rstart_ptr + row * R_MAX + pos, first, mask=sel1)
+    tl.store(cum_ptr + row * (R_MAX + 1) + pos, run, mask=sel1)
+
+
+def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
+                   BLOCK_N: tl.constexpr):
+    # execution position -> KV row, for every retrieved cluster (one program each)
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1)
+    if i < tl.load(count_ptr + row):
+        p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i)
+        n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1) - p0
+        first = tl.load(rstart_ptr + row * R_MAX + i)
+        for j in range(0, n, BLOCK_N):
+            offs = j + tl.arange(0, BLOCK_N)
+            tl.store(rowmap_ptr + row * M + p0 + offs, first + offs, mask=offs < n)
 
 
 def _retrieved_kernel(
-    q_ptr, k_ptr, v_ptr, rstart_ptr, cum_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
     part_out_ptr, part_lse_ptr,
-    N, R_MAX, scale, split_base, num_parts,
+    N, M, R_MAX, scale, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CPS: tl.constexpr, LOG_CPS: tl.constexpr, CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
+    CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
 ):
+    # execution positions [split * split_len, ...) of the row's retrieved rows: read from a
+    # contiguous execution buffer (CONTIG) or, in place, through the row map
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     offs_g = tl.arange(0, BLOCK_G)
@@ -155,12 +279,9 @@ def _retrieved_kernel(
     q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
-    count = tl.load(count_ptr + row)
-    c0 = split * CPS
-    c1 = tl.minimum(c0 + CPS, count)
-    cbase = row * (R_MAX + 1)
-    p0 = tl.load(cum_ptr + cbase + tl.minimum(c0, count))
-    p1 = tl.load(cum_ptr + cbase + tl.maximum(c1, tl.minimum(c0, count)))
+    total = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
+    p0 = split * split_len
+    p1 = tl.minimum(p0 + split_len, total)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -170,17 +291,7 @@ def _retrieved_kernel(
         if CONTIG:
             src = pos.to(tl.int64)
         else:
-            lo = tl.zeros([BLOCK_N], tl.int32) + c0
-            hi = tl.zeros([BLOCK_N], tl.int32) + c1
-            for _ in tl.static_range(LOG_CPS):
-                mid = (lo + hi) // 2
-                at = tl.load(cum_ptr + cbase + mid, mask=pmask, other=0)
-                go = at <= pos
-                lo = tl.where(go, mid, lo)
-                hi = tl.where(go, hi, mid)
-            first = tl.load(rstart_ptr + row * R_MAX + lo, mask=pmask, other=0)
-            at_lo = tl.load(cum_ptr + cbase + lo, mask=pmask, other=0)
-            src = (first + pos - at_lo).to(tl.int64)
+            src = tl.load(map_ptr + row * M + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = (row * N + src)[:, None] * D + offs_d[None, :]
         k = tl.load(k_ptr + kv_off, mask=pmask[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=pmask[:, None], other=0.0)
@@ -335,8 +446,10 @@ def _copy_kernel(
                 m = offs < n
                 so = (src0 + offs)[:, None] * D + offs_d[None, :]
                 do = (dst0 + offs)[:, None] * D + offs_d[None, :]
-                tl.store(dst_k_ptr + do, tl.load(src_k_ptr + so, mask=m[:, None]), mask=m[:, None])
-                tl.store(dst_v_ptr + do, tl.load(src_v_ptr + so, mask=m[:, None]), mask=m[:, None])
+                k = tl.load(src_k_ptr + so, mask=m[:, None])  # both loads in flight at once
+                v = tl.load(src_v_ptr + so, mask=m[:, None])
+                tl.store(dst_k_ptr + do, k, mask=m[:, None])
+                tl.store(dst_v_ptr + do, v, mask=m[:, None])
 
 
 def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
@@ -368,7 +481,11 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
     tl.store(lse_ptr + row, tl.where(has, m_safe + tl.log(t_safe), float("-inf")))
 
 
-_SELECT = LazyKernel(_select_kernel)
+_RADIX = LazyKernel(_radix_pass_kernel)
+_STATS = LazyKernel(_zone_stats_kernel)
+_SCAN = LazyKernel(_zone_scan_kernel)
+_WRITE = LazyKernel(_zone_write_kernel)
+_ROWMAP = LazyKernel(_rowmap_kernel)
 _RETRIEVED = LazyKernel(_retrieved_kernel)
 _STEADY = LazyKernel(_steady_kernel)
 _ESTIMATED = LazyKernel(_estimated_kernel)
@@ -379,6 +496,10 @@ _COMBINE = LazyKernel(_combine_kernel)
 def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
                  k1: torch.Tensor, k2: torch.Tensor, out: Zones) -> None:
     """Mark the ``k1`` best clusters of each row retrieved and the next ``k2 - k1`` estimated.
+
+    Ranks are by score, ties by cluster id (a stable top-k). Eight radix passes of 4 bits
+    find both thresholds with every (row, chunk) in parallel; then per-chunk counts, one
+    scan per row, and a parallel write of the zones and the compacted retrieved ids.
 
     Parameters
     ----------
@@ -392,39 +513,60 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
         Written in place.
     """
     rows, num_clusters = score.shape
-    _SELECT[(rows,)](score, sizes, first_row, k1, k2, out.zone, out.ids, out.first_row,
-                     out.cum, out.count, num_clusters, out.ids.shape[1],
-                     BLOCK=min(_SELECT_BLOCK, max(16, triton.next_power_of_2(num_clusters))))
+    block = min(_SELECT_BLOCK, max(16, triton.next_power_of_2(num_clusters)))
+    nchunk = triton.cdiv(num_clusters, block)
+    dev = score.device
+    counts = torch.zeros(rows, 2, 8, 16, dtype=torch.int32, device=dev)
+    stats = torch.empty(rows, nchunk, 8, dtype=torch.int32, device=dev)
+    bases = torch.empty(rows, nchunk + 1, 4, dtype=torch.int32, device=dev)
+    r_max = out.ids.shape[1]
+    for p in range(8):
+        _RADIX[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, BLOCK=block)
+    _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
+                           BLOCK=block)
+    _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
+                   num_clusters, nchunk, r_max, BLOCK=block,
+                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)))
+    _WRITE[(rows, nchunk)](score, sizes, first_row, k1, k2, counts, bases, out.zone, out.ids,
+                           out.first_row, out.cum, num_clusters, nchunk, r_max, BLOCK=block)
 
 
-def retrieved_layout(r_max: int) -> tuple[int, int]:
-    """``(clusters per split, splits)`` of the retrieved zone for at most ``r_max`` clusters."""
-    cps = CLUSTERS_PER_SPLIT
-    while triton.cdiv(r_max, cps) > 32:
-        cps *= 2
-    return cps, max(1, triton.cdiv(r_max, cps))
+def build_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
+    """Write ``rowmap [rows, M]`` int32: the KV row behind each retrieved execution position."""
+    rows, r_max = zones.ids.shape
+    _ROWMAP[(rows, r_max)](zones.cum, zones.count, zones.first_row, rowmap, r_max,
+                           rowmap.shape[1], BLOCK_N=32)
+
+
+def retrieved_layout(max_rows: int) -> tuple[int, int]:
+    """``(positions per split, splits)`` of a retrieved zone of at most ``max_rows`` rows."""
+    per = RETRIEVED_SPLIT
+    while triton.cdiv(max_rows, per) > 64:
+        per *= 2
+    return per, max(1, triton.cdiv(max_rows, per))
 
 
 def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, zones: Zones,
-                     scale: float, parts: tuple[torch.Tensor, torch.Tensor], split_base: int,
-                     *, contiguous: bool) -> None:
+                     rowmap: torch.Tensor | None, scale: float,
+                     parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
     """Partial states of the retrieved rows.
 
-    ``keys``/``values`` are ``[rows, N, D]``: the KV rows themselves (read at each cluster's
-    first row) or, with ``contiguous``, an execution buffer holding cluster ``i`` of a row at
-    ``cum[i]:cum[i + 1]``. ``q`` is ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and
-    ``[rows * G, P]`` float32 partial outputs and log-sum-exps.
+    ``keys``/``values`` are ``[rows, N, D]``: with ``rowmap [rows, M]`` (from
+    :func:`build_rowmap`) the KV rows themselves, read in place; without it an execution
+    buffer holding cluster ``i`` of a row at ``cum[i]:cum[i + 1]``. ``q`` is
+    ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and ``[rows * G, P]`` float32
+    partial outputs and log-sum-exps.
     """
     rows, n_rows, dim = keys.shape
     group = q.shape[0] // rows
-    r_max = zones.ids.shape[1]
-    cps, num_splits = retrieved_layout(r_max)
+    m = rowmap.shape[1] if rowmap is not None else n_rows
+    per, num_splits = retrieved_layout(m)
     _RETRIEVED[(rows, num_splits)](
-        q, keys, values, zones.first_row, zones.cum, zones.count, parts[0], parts[1],
-        n_rows, r_max, scale, split_base, parts[1].shape[1],
+        q, keys, values, rowmap if rowmap is not None else zones.cum, zones.cum, zones.count,
+        parts[0], parts[1], n_rows, m, zones.ids.shape[1], scale, split_base,
+        parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        CPS=cps, LOG_CPS=cps.bit_length() - 1, CONTIG=contiguous,
-        DOT_F32=needs_f32_dot(keys.dtype),
+        CONTIG=rowmap is None, DOT_F32=needs_f32_dot(keys.dtype),
     )
 
 
