@@ -19,6 +19,7 @@ from vecstore.catalog.records import (
     FileRecord,
     LayerChange,
     LayerRecord,
+    NewSegment,
     NewSequence,
     SegmentRecord,
     SequenceRecord,
@@ -192,9 +193,7 @@ class Catalog:
             s.flush()
             for new in plan.created:
                 seq_ids[new.name] = self._insert_sequence(s, new, now, layer_ids)
-            for change in plan.layers:
-                self._apply(s, change, seq_ids[change.sequence],
-                            layer_ids[(change.sequence, change.layer)], now)
+            self._apply(s, plan.layers, seq_ids, layer_ids, now)
             for name, count in plan.sequence_tokens.items():
                 s.execute(update(SequenceRow).where(SequenceRow.name == name)
                           .values(num_tokens=count, updated_at=now))
@@ -225,34 +224,51 @@ class Catalog:
         return row.id
 
     @staticmethod
-    def _apply(s: Session, change: LayerChange, seq_id: int, layer_id: int,
-               now: datetime) -> None:
-        for seg in change.segments:
-            f = FileRow(sequence_id=seq_id, path=seg.file.path, size=seg.file.size,
-                        checksum=seg.file.checksum, created_at=now)
-            s.add(f)
-            s.flush()
-            row = SegmentRow(layer_id=layer_id, file_id=f.id, start=seg.start, end=seg.end,
-                             num_units=seg.num_units, index_kind=seg.index_kind, **seg.params)
-            s.add(row)
-            s.flush()
-            if seg.clusters is not None:
-                s.execute(insert(ClusterRow), [
-                    {"segment_id": row.id, "head": h, "unit": u, "row_start": offs[u],
-                     "size": offs[u + 1] - offs[u]}
-                    for h, offs in enumerate(seg.clusters) for u in range(len(offs) - 1)])
-        if change.sink is not None:
-            s.add(_chunk_row(layer_id, change.sink))
-        if change.replace_tail:
-            s.execute(delete(SteadyChunkRow).where(SteadyChunkRow.layer_id == layer_id,
+    def _apply(s: Session, changes: list[LayerChange], seq_ids: dict[str, int],
+               layer_ids: dict[tuple[str, int], int], now: datetime) -> None:
+        # batched: one statement per kind of row, whatever the number of layers
+        chunks: list[dict[str, object]] = []
+        tails: list[int] = []
+        counts: list[dict[str, int | str]] = []
+        for change in changes:
+            layer_id = layer_ids[(change.sequence, change.layer)]
+            for seg in change.segments:
+                Catalog._insert_segment(s, seg, seq_ids[change.sequence], layer_id, now)
+            if change.replace_tail:
+                tails.append(layer_id)
+            chunks += [_chunk_row(layer_id, c) for c in (change.sink, change.tail)
+                       if c is not None]
+            row: dict[str, int | str] = {"id": layer_id, "num_tokens": change.num_tokens}
+            if change.segments:
+                row["index_kind"] = change.segments[0].index_kind
+            counts.append(row)
+        if tails:
+            s.execute(delete(SteadyChunkRow).where(SteadyChunkRow.layer_id.in_(tails),
                                                    SteadyChunkRow.zone == "tail"))
-        if change.tail is not None:
-            s.add(_chunk_row(layer_id, change.tail))
-        s.execute(update(LayerRow).where(LayerRow.id == layer_id)
-                  .values(num_tokens=change.num_tokens))
+        if chunks:
+            s.execute(insert(SteadyChunkRow), chunks)
+        for keys in {tuple(r) for r in counts}:
+            s.execute(update(LayerRow), [r for r in counts if tuple(r) == keys])
+
+    @staticmethod
+    def _insert_segment(s: Session, seg: NewSegment, seq_id: int, layer_id: int,
+                        now: datetime) -> None:
+        f = FileRow(sequence_id=seq_id, path=seg.file.path, size=seg.file.size,
+                    checksum=seg.file.checksum, created_at=now)
+        s.add(f)
+        s.flush()
+        row = SegmentRow(layer_id=layer_id, file_id=f.id, start=seg.start, end=seg.end,
+                         num_units=seg.num_units, index_kind=seg.index_kind, **seg.params)
+        s.add(row)
+        s.flush()
+        if seg.clusters is not None:
+            s.execute(insert(ClusterRow), [
+                {"segment_id": row.id, "head": h, "unit": u, "row_start": offs[u],
+                 "size": offs[u + 1] - offs[u]}
+                for h, offs in enumerate(seg.clusters) for u in range(len(offs) - 1)])
 
 
-def _chunk_row(layer_id: int, c: ChunkRecord) -> SteadyChunkRow:
-    return SteadyChunkRow(layer_id=layer_id, zone=c.zone, first_token=c.first_token,
-                          num_tokens=c.num_tokens, keys=c.keys, values=c.values,
-                          checksum=c.checksum)
+def _chunk_row(layer_id: int, c: ChunkRecord) -> dict[str, object]:
+    return {"layer_id": layer_id, "zone": c.zone, "first_token": c.first_token,
+            "num_tokens": c.num_tokens, "keys": c.keys, "values": c.values,
+            "checksum": c.checksum}

@@ -112,23 +112,23 @@ def describe(p: Persistence) -> StoreInfo:
         store = s.execute(select(StoreRow)).scalars().one()
         by_layer = select(LayerRow.id, LayerRow.sequence_id).subquery()
         tokens = dict(s.execute(select(LayerRow.sequence_id, func.sum(LayerRow.num_tokens))
-                                .group_by(LayerRow.sequence_id)).tuples().all())
+                                .group_by(LayerRow.sequence_id)).all())
         segments: dict[int, int] = dict(s.execute(
             select(by_layer.c.sequence_id, func.count(SegmentRow.id))
             .join(by_layer, SegmentRow.layer_id == by_layer.c.id)
-            .group_by(by_layer.c.sequence_id)).tuples().all())
+            .group_by(by_layer.c.sequence_id)).all())
         clusters: dict[int, int] = dict(s.execute(
             select(by_layer.c.sequence_id, func.count())
             .select_from(ClusterRow).join(SegmentRow, ClusterRow.segment_id == SegmentRow.id)
             .join(by_layer, SegmentRow.layer_id == by_layer.c.id)
-            .group_by(by_layer.c.sequence_id)).tuples().all())
+            .group_by(by_layer.c.sequence_id)).all())
         data = dict(s.execute(select(FileRow.sequence_id, func.sum(FileRow.size))
-                              .group_by(FileRow.sequence_id)).tuples().all())
+                              .group_by(FileRow.sequence_id)).all())
         steady = dict(s.execute(
             select(by_layer.c.sequence_id, func.sum(func.length(SteadyChunkRow.keys)
                                                     + func.length(SteadyChunkRow.values)))
             .join(by_layer, SteadyChunkRow.layer_id == by_layer.c.id)
-            .group_by(by_layer.c.sequence_id)).tuples().all())
+            .group_by(by_layer.c.sequence_id)).all())
         infos = []
         for q in s.scalars(select(SequenceRow).order_by(SequenceRow.name)):
             item = SUPPORTED_DTYPES[q.dtype].itemsize if q.dtype in SUPPORTED_DTYPES else 0

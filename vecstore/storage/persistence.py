@@ -93,6 +93,8 @@ class Persistence:
             if not layout.is_store():
                 layout.check_can_create()
                 _initialize(layout, (given or StoreConfig()).to_dict())
+            if lock is not None:
+                make_dir(layout.data)
             catalog = Catalog.open(layout.catalog, read_only=read_only)
         except BaseException:
             if lock is not None:
@@ -285,7 +287,6 @@ def _initialize(layout: StoreLayout, config: dict[str, object]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    make_dir(layout.data)
     os.replace(tmp, layout.catalog)
     fsync_dir(layout.root)
 
