@@ -24,7 +24,11 @@ from vecstore.kernels._split import plan_splits
 
 __all__ = ["group_scores_triton"]
 
-_BLOCK_C = 64
+# Tuned on the H200 at the Llama-3-8B shape (B 1..32, C 8K..64K): 128-cluster tiles with 4 warps
+# and 2 pipeline stages beat 32/64-cluster tiles, 8 warps and 3 stages by 10-25%.
+_BLOCK_C = 128
+_NUM_WARPS = 4
+_NUM_STAGES = 2
 
 
 def _logits_kernel(
@@ -179,6 +183,8 @@ def group_scores_triton(
         BLOCK_D=max(16, triton.next_power_of_2(dim)),
         PRECISION=dot_precision(q.dtype),
         DOT_F32=needs_f32_dot(q.dtype),
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES,
     )
     _GROUP_SCORE[grid](
         logits,

@@ -16,7 +16,8 @@ from vecstore.kernels._split import combine_splits, plan_splits
 
 __all__ = ["estimate_zone_triton"]
 
-_BLOCK_E = 32
+# Tuned on the H200 (B 8..32, C 8K..64K): 16 ids per step beat 32 and 64 by ~20%.
+_BLOCK_E = 16
 
 
 def _estimate_kernel(

@@ -61,6 +61,11 @@ def test_buffer_empty_rows(target, gen):
     _buffer_case(target, (2, 2, 3, 64), torch.bfloat16, [[0, 200], [65, 0]], gen, num_rows=130)
 
 
+def test_buffer_one_split(target, gen):
+    # M within one block: the kernel writes the final state directly, without a combine.
+    _buffer_case(target, (1, 2, 4, 64), torch.float16, [[50, 17]], gen, num_rows=50)
+
+
 def _clusters(batch, num_kv, num_rows, num_picked, gen):
     """Cut each head's rows into clusters; pick some, pad with empty ranges."""
     starts = torch.zeros(batch, num_kv, num_picked + 2, dtype=torch.int32)
