@@ -117,6 +117,9 @@ def sparse_attention_by_clusters(
     Cluster ``r`` of KV head ``(b, h)`` covers rows ``[starts[b, h, r], starts[b, h, r] +
     lengths[b, h, r])`` of ``keys[b, h]`` and ``values[b, h]``, intersected with ``[0, N)``.
     Ranges should not overlap (an overlapping row counts twice); a length of 0 is padding.
+    The Triton path reads the ranges in place and never syncs with the host; the torch fallback
+    gathers them (padded to the longest range, read with one host sync), so only the Triton
+    path can be captured in a CUDA graph.
 
     Parameters
     ----------
