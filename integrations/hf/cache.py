@@ -17,6 +17,7 @@ one :class:`vecstore.Sequence`; padding is never stored.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import secrets
 import weakref
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from vecstore import Sequence, Store, StoreConfig
 from vecstore.config import load_config
 from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
 
-__all__ = ["WaveCache", "WaveCacheLayer"]
+__all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]
 
 
 class WaveCacheLayer(CacheLayerMixin):
@@ -124,7 +125,7 @@ class WaveCache(Cache):
     ...                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     >>> model = LlamaForCausalLM(cfg).eval()
     >>> with WaveCache(None, model) as cache:
-    ...     out = model.generate(torch.tensor([[1, 2, 3]]), past_key_values=cache,
+    ...     out = model.generate(torch.tensor([[1, 2, 3]]), cache=cache,
     ...                          max_new_tokens=3, do_sample=False, pad_token_id=0)
     ...     cache.get_seq_length(), cache.sequences[0].num_tokens
     (5, 5)
@@ -260,6 +261,16 @@ class WaveCache(Cache):
     def decode_stats(self) -> DecodeStats:
         """What the decode steps read exactly and estimated, summed over layers and steps."""
         return self._attention.decode_stats if self._attention is not None else DecodeStats()
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """Name of the cache argument of ``model``'s forward and ``generate``.
+
+    transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name still works,
+    with a ``FutureWarning``); earlier 5.x releases only know ``past_key_values``.
+    """
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _config_for(config: StoreConfig | Mapping[str, Any] | str | Path | None,

@@ -1,0 +1,51 @@
+"""Helpers of the transformers-integration tests: tiny random models, small store configs."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from integrations.hf.cache import cache_kwarg
+
+# Small zones so that 100-token prompts are indexed and decoding crosses update_tokens.
+SMALL = {"index": {"tokens_per_cluster": 4, "segment_tokens": 64},
+         "attention": {"sink_tokens": 2, "window_tokens": 8, "update_tokens": 16}}
+EXACT = {**SMALL, "attention": {**SMALL["attention"], "retrieval_budget": 1.0}}
+
+
+def tiny_model(arch: str = "llama", heads: int = 4, kv_heads: int = 2, seed: int = 0,
+               layers: int = 2) -> PreTrainedModel:
+    """A random-initialised decoder (no download), in eval mode."""
+    torch.manual_seed(seed)
+    cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
+                      "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    cfg = cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+              num_attention_heads=heads, num_key_value_heads=kv_heads, pad_token_id=0,
+              eos_token_id=1, bos_token_id=2, max_position_embeddings=1024)
+    return model_cls(cfg).eval()
+
+
+def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts of ``lengths`` tokens, left-padded: ``input_ids``, ``attention_mask``."""
+    gen = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.zeros(len(lengths), T, dtype=torch.long)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        ids[b, T - n:] = torch.randint(3, 96, (n,), generator=gen)
+        mask[b, T - n:] = 1
+    return ids, mask
+
+
+def generate(model: PreTrainedModel, ids: torch.Tensor, cache: object, **kwargs: object
+             ) -> torch.Tensor:
+    """``model.generate`` with ``cache`` under the argument name this transformers uses."""
+    kwargs.setdefault("attention_mask", torch.ones_like(ids))
+    with torch.no_grad():
+        return model.generate(ids, pad_token_id=0, **{cache_kwarg(model): cache}, **kwargs)
