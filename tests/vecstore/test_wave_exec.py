@@ -153,11 +153,14 @@ def test_gpu_bf16_matches_reference(offload):
     ref_view = IndexView(keys=view.keys.cuda(), values=view.values.cuda(), offsets=view.offsets,
                          sizes=view.sizes, meta=view.meta, num_units=view.num_units)
     ref = TorchExecutor("cuda").run(index, ref_view, steady, q, D ** -0.5, layer)
-    ex = WaveExecutor("cuda", score_dtype=torch.float32)
+    ex = WaveExecutor("cuda", score_dtype=torch.float32)  # steps replay a CUDA graph
+    eager = WaveExecutor("cuda", score_dtype=torch.float32, use_graphs=False)
     for _ in range(3):
         out, lse, stats = ex.run(index, view, steady, q, D ** -0.5, layer)
         assert rel_err(out, ref[0]) < 1e-2 and rel_err(lse, ref[1]) < 1e-4
         assert stats.units_retrieved == ref[2].units_retrieved
+        out_e, _, stats_e = eager.run(index, view, steady, q, D ** -0.5, layer)
+        assert rel_err(out_e, out) < 1e-3 and stats_e.tokens_exact == stats.tokens_exact
     if offload:
         buf = next(iter(ex._prepared.values())).buffer
         buf.bookkeeper.wait()

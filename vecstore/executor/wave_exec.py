@@ -106,6 +106,8 @@ class PreparedView:
         Indexed tokens over all rows, per KV head.
     buffer : WaveBuffer | None
         The block cache of an offloaded view.
+    graph : _Graph | None
+        The captured decode step (CUDA).
     """
 
     view: IndexView
@@ -121,6 +123,18 @@ class PreparedView:
     max_rows: int
     tokens_total: int
     buffer: WaveBuffer | None
+    graph: _Graph | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """A captured decode step and its static inputs and outputs."""
+
+    key: tuple
+    graph: torch.cuda.CUDAGraph
+    q: torch.Tensor
+    steady: Steady
+    res: DecodeResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +185,9 @@ class WaveExecutor:
     simulate_offload : bool
         Serve every view through the block cache even when its rows share the device
         (how the tests exercise the buffer on CPU tensors).
+    use_graphs : bool
+        On CUDA, run each step as a CUDA graph captured per layer, query shape and steady
+        capacity (the launches of a step cost more than its GPU time otherwise).
 
     Examples
     --------
@@ -188,7 +205,7 @@ class WaveExecutor:
     def __init__(self, device: str = "cpu", *, backend: str = "auto",
                  score_dtype: torch.dtype | None = None, cache_policy: str = "lru",
                  cache_capacity: float = 0.05, slot_tokens: int = 32,
-                 simulate_offload: bool = False) -> None:
+                 simulate_offload: bool = False, use_graphs: bool = True) -> None:
         self.device = device
         self.backend = backend
         self.score_dtype = score_dtype
@@ -196,6 +213,8 @@ class WaveExecutor:
         self.cache_capacity = cache_capacity
         self.slot_tokens = slot_tokens
         self.simulate_offload = simulate_offload
+        self.use_graphs = use_graphs
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
 
@@ -209,11 +228,15 @@ class WaveExecutor:
         assert view is not None
         prep = self.prepare(view, layer, index)
         B, Hq, _, D = q.shape
-        if prep.buffer is not None:
-            prep.buffer.begin_step()
-        res = self.decode(prep, steady, q[:, :, 0].contiguous(), scale)
-        if prep.buffer is not None:
-            prep.buffer.finish_step()
+        q2 = q[:, :, 0].contiguous()
+        if self.use_graphs and q.device.type == "cuda":
+            res = self._replay(prep, steady, q2, scale)
+        else:
+            if prep.buffer is not None:
+                prep.buffer.begin_step()
+            res = self.decode(prep, steady, q2, scale)
+            if prep.buffer is not None:
+                prep.buffer.finish_step()
         H = prep.sizes.shape[0] // B
         # stats (one host sync): exact rows, units, estimated share of the softmax mass
         lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
@@ -227,7 +250,8 @@ class WaveExecutor:
             tokens_exact=round((steady_rows * H + got[0]) / H),
             units_retrieved=int(got[1]), units_estimated=int(got[2]), estimated_mass=mass,
         )
-        return res.out[:, :, None], res.lse[:, :, None], stats
+        # clones: a graph's outputs are overwritten by its next replay
+        return res.out[:, :, None].clone(), res.lse[:, :, None].clone(), stats
 
     def can_run(self, index: Index, view: IndexView | None, q: torch.Tensor,
                 layer: LayerConfig) -> bool:
@@ -298,30 +322,24 @@ class WaveExecutor:
 
         Only device work of fixed shapes for fixed inputs (the steady capacity included),
         so the whole call can be captured in a CUDA graph; an offloaded view's
-        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it.
+        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it. On CUDA the steady zone
+        is attended on a side stream, next to the index probe.
         """
         # triton is imported here, not at module import: it is an optional dependency
         from vecstore.executor.wave_kernels import (
             attend_estimated,
             attend_retrieved,
             attend_steady,
-            build_rowmap,
             combine,
             estimate_layout,
+            rank_and_select,
             retrieved_layout,
-            select_zones,
             steady_splits,
         )
-        from vecstore.kernels._centroid_kernels import group_scores_triton
 
         B, Hq, D = q.shape
         rows, C = prep.sizes.shape
         dev = q.device
-        qs = q.to(prep.centroids.dtype)
-        logits = torch.empty(B, Hq, C, dtype=torch.float32, device=dev)
-        score = group_scores_triton(qs, prep.centroids, prep.sizes.view(B, -1, C), scale, logits)
-        zones = Zones.empty(rows, C, prep.r_max, dev)
-        select_zones(score.view(rows, C), prep.sizes, prep.first_row, prep.k1, prep.k2, zones)
         _, n_ret = retrieved_layout(prep.max_rows)
         n_std = steady_splits(steady.keys.shape[2])
         _, n_est = estimate_layout(C)
@@ -329,24 +347,91 @@ class WaveExecutor:
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
         qf = q.reshape(B * Hq, D).contiguous()
+        side = None
+        if dev.type == "cuda":
+            main = torch.cuda.current_stream(dev)
+            side = self._side_stream(dev)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
+        else:
+            attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
+        logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
+        zones = Zones.empty(rows, C, prep.r_max, dev)
         buf = prep.buffer
+        rowmap = None
+        if buf is None:
+            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
+        rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D), prep.sizes,
+                        prep.first_row, prep.k1, prep.k2, scale, logits, zones, rowmap)
         if buf is not None:
             buf.lookup(zones)
             buf.fill_misses()
             buf.fill_hits()
-        attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
-        attend_estimated(logits.view(B * Hq, C), prep.sizes, prep.vmean, zones.zone, parts,
-                         n_ret + n_std)
+        attend_estimated(logits, prep.sizes, prep.vmean, zones.zone, parts, n_ret + n_std)
         if buf is None:
-            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
-            build_rowmap(zones, rowmap)
             attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
         else:
             buf.wait_misses()
             attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
             buf.admit()
+        if side is not None:
+            main.wait_stream(side)
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
         combine(parts, out, lse)
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
+
+    def _side_stream(self, dev: torch.device) -> torch.cuda.Stream:
+        stream = self._streams.get(dev)
+        if stream is None:
+            stream = self._streams[dev] = torch.cuda.Stream(dev)
+        return stream
+
+    def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
+                scale: float) -> DecodeResult:
+        """Run :meth:`decode` as a CUDA graph, captured once per query shape and steady
+        capacity (a multiple of 256 rows, so a growing steady zone re-captures rarely)."""
+        B, H, S, D = steady.keys.shape
+        cap = -(-S // 256) * 256
+        key = (tuple(q.shape), q.dtype, cap, scale)
+        g = prep.graph
+        if g is None or g.key != key:
+            prep.graph = None  # free the old graph's memory before capturing
+            g = prep.graph = self._capture(prep, key, q, steady, cap, scale)
+        g.q.copy_(q)
+        g.steady.keys[:, :, :S].copy_(steady.keys)
+        g.steady.values[:, :, :S].copy_(steady.values)
+        g.steady.lengths.copy_(steady.lengths)
+        if prep.buffer is not None:
+            prep.buffer.begin_step()
+        g.graph.replay()
+        if prep.buffer is not None:
+            prep.buffer.finish_step()
+        return g.res
+
+    def _capture(self, prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady,
+                 cap: int, scale: float) -> _Graph:
+        B, H, S, D = steady.keys.shape
+        static = Steady(steady.keys.new_zeros(B, H, cap, D), steady.values.new_zeros(B, H, cap, D),
+                        steady.lengths.clone())
+        static.keys[:, :, :S].copy_(steady.keys)
+        static.values[:, :, :S].copy_(steady.values)
+        qs = q.clone()
+        warm = torch.cuda.Stream(q.device)
+        warm.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(warm):  # compiles the kernels; a real step for the buffer
+            if prep.buffer is not None:
+                prep.buffer.begin_step()
+            self.decode(prep, static, qs, scale)
+            if prep.buffer is not None:
+                prep.buffer.finish_step()
+        torch.cuda.current_stream(q.device).wait_stream(warm)
+        if prep.buffer is not None:
+            prep.buffer.bookkeeper.wait()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            res = self.decode(prep, static, qs, scale)
+        return _Graph(key=key, graph=graph, q=qs, steady=static, res=res)

@@ -18,6 +18,7 @@ Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flat
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,7 +40,7 @@ __all__ = [
     "attend_steady",
     "attend_estimated",
     "copy_clusters",
-    "build_rowmap",
+    "rank_and_select",
     "RETRIEVED_SPLIT",
     "STEADY_SPLIT",
     "ESTIMATE_SPLIT",
@@ -50,7 +51,84 @@ RETRIEVED_SPLIT = 256
 STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 512
 _BLOCK_N = 64
-_BLOCK_E = 64
+_BLOCK_E = 128
+_BLOCK_LOGITS = 64
+
+
+def _logits_kernel(
+    q_ptr, c_ptr, n_ptr, logits_ptr, pmax_ptr, psum_ptr, C, split_len, num_splits, scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    # logits of the G query heads of a row against a split of its centroids (each centroid
+    # read once per group), -inf for empty clusters, and each head's max and sum of exp
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D)
+    g_mask = offs_g < G
+    qrows = row * G + offs_g
+    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    s_i = tl.zeros([BLOCK_G], tl.float32)
+    start = split * split_len
+    end = tl.minimum(start + split_len, C)
+    for c0 in range(start, end, BLOCK_C):
+        offs_c = c0 + tl.arange(0, BLOCK_C)
+        c_mask = offs_c < end
+        cent = tl.load(c_ptr + (row * C + offs_c)[:, None] * D + offs_d[None, :],
+                       mask=c_mask[:, None], other=0.0)
+        if DOT_F32:
+            cent = cent.to(tl.float32)
+        n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=0)
+        lg = tl.dot(q, tl.trans(cent)) * scale
+        lg = tl.where((n > 0)[None, :], lg, float("-inf"))
+        tl.store(logits_ptr + qrows[:, None] * C + offs_c[None, :], lg,
+                 mask=g_mask[:, None] & c_mask[None, :])
+        m_new = tl.maximum(m_i, tl.max(lg, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s_i = s_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(lg - m_safe[:, None]), axis=1)
+        m_i = m_new
+    tl.store(pmax_ptr + qrows * num_splits + split, m_i, mask=g_mask)
+    tl.store(psum_ptr + qrows * num_splits + split, s_i, mask=g_mask)
+
+
+def _score_kernel(
+    logits_ptr, pmax_ptr, psum_ptr, score_ptr, counts_ptr, C, num_splits,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # ranking score sum_g softmax_g(logits)_j of a chunk, then the first radix pass over it
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_s = tl.arange(0, BLOCK_S)
+    g_mask = offs_g < G
+    qrows = row * G + offs_g
+    sm = g_mask[:, None] & (offs_s < num_splits)[None, :]
+    pm = tl.load(pmax_ptr + qrows[:, None] * num_splits + offs_s[None, :], mask=sm,
+                 other=float("-inf"))
+    ps = tl.load(psum_ptr + qrows[:, None] * num_splits + offs_s[None, :], mask=sm, other=0.0)
+    m = tl.max(pm, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    z = tl.sum(ps * tl.exp(pm - m[:, None]), axis=1)
+    inv_z = 1.0 / tl.where(z > 0, z, 1.0)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    lg = tl.load(logits_ptr + qrows[:, None] * C + idx[None, :],
+                 mask=g_mask[:, None] & valid[None, :], other=float("-inf"))
+    sc = tl.sum(tl.exp(lg - m[:, None]) * inv_z[:, None], axis=0)
+    sc = tl.where(tl.max(lg, axis=0) > float("-inf"), sc, float("-inf"))
+    tl.store(score_ptr + row * C + idx, sc, mask=valid)
+    digits = tl.arange(0, 16)
+    cand = digits.to(tl.uint32) << 28  # the first pass: no prefix yet, same for k1 and k2
+    bits = sc.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = tl.where(valid, key, 0)
+    cnt = tl.sum((key[:, None] >= cand[None, :]).to(tl.int32), axis=0)
+    tl.atomic_add(counts_ptr + (row * 16 + 0) * 16 + digits, cnt)
+    tl.atomic_add(counts_ptr + (row * 16 + 8) * 16 + digits, cnt)
 
 
 def _radix_pass_kernel(
@@ -196,9 +274,9 @@ def _zone_scan_kernel(
 
 def _zone_write_kernel(
     score_ptr, sizes_ptr, starts_ptr, k1_ptr, k2_ptr, counts_ptr, bases_ptr,
-    zone_ptr, ids_ptr, rstart_ptr, cum_ptr,
-    C, NCHUNK, R_MAX,
-    BLOCK: tl.constexpr,
+    zone_ptr, ids_ptr, rstart_ptr, cum_ptr, rowmap_ptr,
+    C, NCHUNK, R_MAX, M,
+    BLOCK: tl.constexpr, HAS_MAP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -245,20 +323,9 @@ def _zone_write_kernel(
     tl.store(ids_ptr + row * R_MAX + pos, idx, mask=sel1)
     tl.store(rstart_ptr + row * R_MAX + pos, first, mask=sel1)
     tl.store(cum_ptr + row * (R_MAX + 1) + pos, run, mask=sel1)
-
-
-def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
-                   BLOCK_N: tl.constexpr):
-    # execution position -> KV row, for every retrieved cluster (one program each)
-    row = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1)
-    if i < tl.load(count_ptr + row):
-        p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i)
-        n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1) - p0
-        first = tl.load(rstart_ptr + row * R_MAX + i)
-        for j in range(0, n, BLOCK_N):
-            offs = j + tl.arange(0, BLOCK_N)
-            tl.store(rowmap_ptr + row * M + p0 + offs, first + offs, mask=offs < n)
+    if HAS_MAP:  # execution position -> KV row, for reading retrieved rows in place
+        for j in range(0, tl.max(take_size, axis=0)):
+            tl.store(rowmap_ptr + row * M + run + j, first + j, mask=sel1 & (j < size))
 
 
 def _retrieved_kernel(
@@ -384,12 +451,14 @@ def _estimated_kernel(
     for c in range(e0, e1, BLOCK_E):
         idx = c + tl.arange(0, BLOCK_E)
         in_range = idx < e1
+        # zone, size and logits are loaded independently (all in flight at once); only the
+        # value means wait for the zone
         zone = tl.load(zone_ptr + row * C + idx, mask=in_range, other=0)
         size = tl.load(sizes_ptr + row * C + idx, mask=in_range, other=0)
+        lg = tl.load(logits_ptr + qrows[:, None] * C + idx[None, :],
+                     mask=g_mask[:, None] & in_range[None, :], other=float("-inf"))
         use = (zone == 2) & (size > 0)
         size_f = tl.where(use, size, 1).to(tl.float32)
-        lg = tl.load(logits_ptr + qrows[:, None] * C + idx[None, :],
-                     mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         lg = tl.where(use[None, :], lg, float("-inf"))
         w = lg + tl.log(size_f)[None, :]
         m_new = tl.maximum(m_i, tl.max(w, axis=1))
@@ -481,16 +550,68 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
     tl.store(lse_ptr + row, tl.where(has, m_safe + tl.log(t_safe), float("-inf")))
 
 
+_LOGITS = LazyKernel(_logits_kernel)
+_SCORE = LazyKernel(_score_kernel)
 _RADIX = LazyKernel(_radix_pass_kernel)
 _STATS = LazyKernel(_zone_stats_kernel)
 _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
-_ROWMAP = LazyKernel(_rowmap_kernel)
 _RETRIEVED = LazyKernel(_retrieved_kernel)
 _STEADY = LazyKernel(_steady_kernel)
 _ESTIMATED = LazyKernel(_estimated_kernel)
 _COPY = LazyKernel(_copy_kernel)
 _COMBINE = LazyKernel(_combine_kernel)
+
+
+@functools.lru_cache(maxsize=8)
+def _target_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # the interpreter: a few splits, enough to exercise them
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, sizes: torch.Tensor,
+                    first_row: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, scale: float,
+                    logits: torch.Tensor, out: Zones, rowmap: torch.Tensor | None) -> None:
+    """Score every cluster and choose the zones (RetroInfer's index probe).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[rows * G, D]`` queries, the centroids' dtype.
+    centroids : torch.Tensor
+        ``[rows, C, D]``.
+    sizes, first_row : torch.Tensor
+        ``[rows, C]`` int32.
+    k1, k2 : torch.Tensor
+        ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters.
+    logits : torch.Tensor
+        ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
+    out : Zones
+        Written, as by :func:`select_zones`.
+    rowmap : torch.Tensor | None
+        ``[rows, M]`` int32, written if given: the KV row behind each retrieved position.
+    """
+    rows, num_clusters, dim = centroids.shape
+    group = q.shape[0] // rows
+    dev = q.device
+    blocks = triton.cdiv(num_clusters, _BLOCK_LOGITS)
+    splits = max(1, min(blocks, 64, triton.cdiv(_target_programs(dev), rows)))
+    split_len = triton.cdiv(blocks, splits) * _BLOCK_LOGITS
+    splits = triton.cdiv(num_clusters, split_len)
+    pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)
+    psum = torch.empty_like(pmax)
+    block_g = max(16, triton.next_power_of_2(group))
+    _LOGITS[(rows, splits)](q, centroids, sizes, logits, pmax, psum, num_clusters, split_len,
+                            splits, scale, G=group, D=dim, BLOCK_G=block_g,
+                            BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype))
+    score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
+    block, nchunk = _select_grid(num_clusters)
+    counts = torch.zeros(rows, 2, 8, 16, dtype=torch.int32, device=dev)
+    _SCORE[(rows, nchunk)](logits, pmax, psum, score, counts, num_clusters, splits, G=group,
+                           BLOCK_G=triton.next_power_of_2(group),
+                           BLOCK_S=triton.next_power_of_2(splits), BLOCK=block)
+    _finish_select(score, sizes, first_row, k1, k2, counts, 1, out, rowmap)
 
 
 def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
@@ -512,15 +633,25 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
     out : Zones
         Written in place.
     """
-    rows, num_clusters = score.shape
+    counts = torch.zeros(score.shape[0], 2, 8, 16, dtype=torch.int32, device=score.device)
+    _finish_select(score, sizes, first_row, k1, k2, counts, 0, out, None)
+
+
+def _select_grid(num_clusters: int) -> tuple[int, int]:
     block = min(_SELECT_BLOCK, max(16, triton.next_power_of_2(num_clusters)))
-    nchunk = triton.cdiv(num_clusters, block)
+    return block, triton.cdiv(num_clusters, block)
+
+
+def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
+                   k1: torch.Tensor, k2: torch.Tensor, counts: torch.Tensor, first_pass: int,
+                   out: Zones, rowmap: torch.Tensor | None) -> None:
+    rows, num_clusters = score.shape
+    block, nchunk = _select_grid(num_clusters)
     dev = score.device
-    counts = torch.zeros(rows, 2, 8, 16, dtype=torch.int32, device=dev)
     stats = torch.empty(rows, nchunk, 8, dtype=torch.int32, device=dev)
     bases = torch.empty(rows, nchunk + 1, 4, dtype=torch.int32, device=dev)
     r_max = out.ids.shape[1]
-    for p in range(8):
+    for p in range(first_pass, 8):
         _RADIX[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, BLOCK=block)
     _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
                            BLOCK=block)
@@ -528,14 +659,10 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
                    num_clusters, nchunk, r_max, BLOCK=block,
                    BLOCK_CH=max(16, triton.next_power_of_2(nchunk)))
     _WRITE[(rows, nchunk)](score, sizes, first_row, k1, k2, counts, bases, out.zone, out.ids,
-                           out.first_row, out.cum, num_clusters, nchunk, r_max, BLOCK=block)
-
-
-def build_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
-    """Write ``rowmap [rows, M]`` int32: the KV row behind each retrieved execution position."""
-    rows, r_max = zones.ids.shape
-    _ROWMAP[(rows, r_max)](zones.cum, zones.count, zones.first_row, rowmap, r_max,
-                           rowmap.shape[1], BLOCK_N=32)
+                           out.first_row, out.cum, rowmap if rowmap is not None else out.cum,
+                           num_clusters, nchunk, r_max,
+                           rowmap.shape[1] if rowmap is not None else 0, BLOCK=block,
+                           HAS_MAP=rowmap is not None)
 
 
 def retrieved_layout(max_rows: int) -> tuple[int, int]:
@@ -552,7 +679,7 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """Partial states of the retrieved rows.
 
     ``keys``/``values`` are ``[rows, N, D]``: with ``rowmap [rows, M]`` (from
-    :func:`build_rowmap`) the KV rows themselves, read in place; without it an execution
+    :func:`rank_and_select`) the KV rows themselves, read in place; without it an execution
     buffer holding cluster ``i`` of a row at ``cum[i]:cum[i + 1]``. ``q`` is
     ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and ``[rows * G, P]`` float32
     partial outputs and log-sum-exps.
@@ -593,7 +720,7 @@ def attend_steady(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 def estimate_layout(num_clusters: int) -> tuple[int, int]:
     """``(clusters per split, splits)`` of the estimation zone over ``num_clusters``."""
-    per = max(ESTIMATE_SPLIT, triton.cdiv(triton.cdiv(num_clusters, 32), _BLOCK_E) * _BLOCK_E)
+    per = max(ESTIMATE_SPLIT, triton.cdiv(triton.cdiv(num_clusters, 64), _BLOCK_E) * _BLOCK_E)
     return per, max(1, triton.cdiv(num_clusters, per))
 
 
@@ -609,7 +736,7 @@ def attend_estimated(logits: torch.Tensor, sizes: torch.Tensor, vmean: torch.Ten
         logits, sizes, vmean, zone, parts[0], parts[1], num_clusters, split_base,
         parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(vmean.dtype),
+        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=8,
     )
 
 
