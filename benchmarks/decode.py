@@ -300,6 +300,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a small sweep")
+    parser.add_argument("--targets", action="store_true",
+                        help="only the sizes the targets name, and LRU for the offloaded runs")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="skip remaining sizes after this many seconds")
@@ -330,8 +332,13 @@ def main() -> None:
         rows.append(r)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
               flush=True)
+    if args.targets:
+        sweep = [(131072, 8), (524288, 8), (1048576, 4), (1048576, 8), (131072, 1),
+                 (1048576, 1), (131072, 32)]
     offload = [(1048576, 1, "lru", True), (131072, 8, "lru", True)]
-    if not args.quick:
+    if args.targets:
+        offload.insert(1, (1048576, 4, "lru", True))
+    elif not args.quick:
         offload += [(131072, 4, p, False) for p in ("fifo", "lfu", "clock", "arc", "s3fifo")]
         offload.insert(1, (1048576, 4, "lru", True))
     for tokens, batch, policy, stream in offload:
