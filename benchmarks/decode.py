@@ -321,6 +321,9 @@ def main() -> None:
     sweep = [(32768, 8), (131072, 8)] if args.quick else [
         (131072, 8), (524288, 8), (1048576, 4), (131072, 32), (131072, 1), (1048576, 1),
         (32768, 8), (32768, 64), (1048576, 8)]
+    if args.targets:
+        sweep = [(131072, 8), (524288, 8), (1048576, 4), (1048576, 8), (131072, 1),
+                 (1048576, 1), (131072, 32)]
     rows = []
     for tokens, batch in sweep:
         if time.time() - t_start > args.budget_s:
@@ -332,9 +335,6 @@ def main() -> None:
         rows.append(r)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
               flush=True)
-    if args.targets:
-        sweep = [(131072, 8), (524288, 8), (1048576, 4), (1048576, 8), (131072, 1),
-                 (1048576, 1), (131072, 32)]
     offload = [(1048576, 1, "lru", True), (131072, 8, "lru", True)]
     if args.targets:
         offload.insert(1, (1048576, 4, "lru", True))
