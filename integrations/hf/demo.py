@@ -66,7 +66,11 @@ def _layer_progress(model: PreTrainedModel, desc: str) -> Iterator[None]:
     modules = [m for m in model.modules() if isinstance(getattr(m, "layer_idx", None), int)
                and hasattr(m, "q_proj")]
     bar = tqdm(total=len(modules), desc=desc, unit="layer")
-    handles = [m.register_forward_hook(lambda *_: bar.update(1)) for m in modules]
+
+    def advance(*_: Any) -> None:  # a forward hook returning a value would replace the output
+        bar.update(1)
+
+    handles = [m.register_forward_hook(advance) for m in modules]
     try:
         yield
     finally:

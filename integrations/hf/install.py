@@ -126,6 +126,10 @@ def _attach(model: PreTrainedModel) -> Iterator[ModelBinding]:
     if binding is None:
         binding = ModelBinding(model.config._attn_implementation)
         model.set_attn_implementation(ATTENTION_NAME)
+        if model.config._attn_implementation != ATTENTION_NAME:
+            raise IncompatibleError(f"model: {type(model).__name__} cannot switch its attention "
+                                    "implementation (it does not dispatch through "
+                                    "transformers' AttentionInterface)")
         for module in [model, *_attention_modules(model)]:
             setattr(module, BINDING_ATTR, binding)
     binding.users += 1
