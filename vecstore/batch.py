@@ -51,7 +51,7 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     def pad(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x.new_zeros(x.shape[0], S - x.shape[1], x.shape[2])], dim=1)
 
-    lengths = torch.tensor([k.shape[1] for k, _ in parts], device=seqs[0].device)
+    lengths = torch.tensor([k.shape[1] for k, _ in parts], device=parts[0][0].device)
     return Steady(torch.stack([pad(k) for k, _ in parts]),
                   torch.stack([pad(v) for _, v in parts]), lengths)
 

@@ -25,6 +25,7 @@ class LayerState:
         self.sink_keys, self.sink_values = empty, empty
         self.pending_keys, self.pending_values = empty, empty
         self.segments: list[Segment] = []
+        self.device = torch.device(device)
         self.index = index
         self.config = config
         self.version = 0  # bumped whenever segments change
@@ -62,6 +63,23 @@ class LayerState:
     def add_segments(self, segments: list[Segment]) -> None:
         """Attach already-built segments (appends and reopened stores)."""
         self.segments.extend(segments)
+        self.version += 1
+        self._view = None
+
+    def to(self, device: torch.device) -> None:
+        """Move every tensor of the layer to ``device`` (loading it first if lazy)."""
+        device = torch.device(device)
+        if device == self.device:
+            return
+        self.sink_keys, self.sink_values = self.sink_keys.to(device), self.sink_values.to(device)
+        self.pending_keys = self.pending_keys.to(device)
+        self.pending_values = self.pending_values.to(device)
+        self.segments = [
+            Segment(s.start, s.end, s.keys.to(device), s.values.to(device),
+                    s.offsets.to(device), {k: v.to(device) for k, v in s.meta.items()})
+            for s in self.segments
+        ]
+        self.device = device
         self.version += 1
         self._view = None
 

@@ -61,6 +61,41 @@ class Sequence:
         """Tokens stored in layer 0 (every layer holds as many once a step has finished)."""
         return self.layers[0].num_tokens
 
+    @property
+    def layer_devices(self) -> list[torch.device]:
+        """The device of each layer (all ``device`` unless :meth:`place` moved them)."""
+        return [state.device for state in self.layers]
+
+    def place(self, devices: list[str | torch.device]) -> None:
+        """Move each layer to its own device, e.g. the GPU its model layer runs on.
+
+        Parameters
+        ----------
+        devices : list[str | torch.device]
+            One device per layer. Queries of a layer then run on that layer's device and
+            return results there; appends are moved there.
+
+        Examples
+        --------
+        >>> from vecstore import Store
+        >>> with Store.open() as store:
+        ...     seq = store.create("m", num_layers=2, num_kv_heads=1, head_dim=4,
+        ...                        dtype=torch.float32)
+        ...     seq.place(["cpu", "meta"])
+        ...     [d.type for d in seq.layer_devices]
+        ['cpu', 'meta']
+        """
+        self._check_alive()
+        if not isinstance(devices, (list, tuple)) or len(devices) != self.num_layers:
+            raise InvalidValueError(f"devices: expected a list of {self.num_layers} devices "
+                                    f"(one per layer), got {devices!r}")
+        try:
+            targets = [torch.device(d) for d in devices]
+        except (RuntimeError, TypeError) as exc:
+            raise InvalidValueError(f"devices: {exc}") from None
+        for state, target in zip(self.layers, targets, strict=True):
+            state.to(target)
+
     def tokens(self, layer: int) -> int:
         """Tokens stored in ``layer``."""
         return self.layers[check_index(layer, "layer", self.num_layers)].num_tokens
@@ -92,8 +127,9 @@ class Sequence:
                              f"{tuple(keys.shape)}")
         check_finite(keys, "keys")
         check_finite(values, "values")
-        self._store.append_tokens(self, layer, keys.to(self.device).contiguous(),
-                                  values.to(self.device).contiguous())
+        dev = self.layers[layer].device
+        self._store.append_tokens(self, layer, keys.to(dev).contiguous(),
+                                  values.to(dev).contiguous())
 
     def query(self, layer: int, q: torch.Tensor, *, scale: float | None = None) -> QueryResult:
         """Attention of ``q`` over every stored token of ``layer``.
@@ -137,8 +173,8 @@ class Sequence:
         state = self.layers[layer]
         view = state.view()
         H = self.num_kv_heads
-        ids = torch.full((H, k), -1, dtype=torch.long, device=self.device)
-        scores = torch.full((H, k), float("-inf"), device=self.device)
+        ids = torch.full((H, k), -1, dtype=torch.long, device=state.device)
+        scores = torch.full((H, k), float("-inf"), device=state.device)
         if view is not None:
             ranked = state.index.rank(view, qg, scale)[0]  # [H, C]
             top = torch.topk(ranked, min(k, ranked.shape[-1]), dim=-1)
@@ -151,7 +187,7 @@ class Sequence:
     def steady(self, layer: int) -> Steady:
         """The steady zone of ``layer`` as a one-row batch."""
         k, v = self.layers[layer].steady()
-        return Steady(k[None], v[None], torch.tensor([k.shape[1]], device=self.device))
+        return Steady(k[None], v[None], torch.tensor([k.shape[1]], device=k.device))
 
     def view(self, layer: int) -> IndexView | None:
         """The indexed units of ``layer`` (``None`` before the first segment)."""

@@ -333,12 +333,13 @@ class Store:
                 raise InvalidValueError("seqs: every item must be a Sequence of this store")
             if s.is_dropped:
                 raise SequenceDroppedError(f"sequence {s.name!r} was dropped")
-            if (s.num_kv_heads, s.head_dim, s.dtype, s.device) != (
-                    first.num_kv_heads, first.head_dim, first.dtype, first.device):
+            check_index(layer, "layer", s.num_layers)
+            here, there = s.layers[layer].device, first.layers[layer].device
+            if (s.num_kv_heads, s.head_dim, s.dtype, here) != (
+                    first.num_kv_heads, first.head_dim, first.dtype, there):
                 raise InvalidValueError(
                     f"seqs: {s.name!r} and {first.name!r} differ in KV heads, head_dim, "
                     "dtype or device and cannot be queried together")
-            check_index(layer, "layer", s.num_layers)
             if s.layers[layer].num_tokens == 0:
                 raise InvalidValueError(f"layer {layer} of sequence {s.name!r} holds no tokens")
         H, D = first.num_kv_heads, first.head_dim
@@ -353,7 +354,7 @@ class Store:
             scale = 1.0 / math.sqrt(D)
         elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise InvalidValueError(f"scale: expected a positive finite number, got {scale!r}")
-        q = q.to(first.device)
+        q = q.to(first.layers[layer].device)
         return q.float().reshape(B, H, Hq // H, L, D), float(scale)
 
     def query(self, seqs: list[Sequence], layer: int, q: torch.Tensor, *,
@@ -377,7 +378,7 @@ class Store:
             ``out [B, Hq, L, D]``, ``lse [B, Hq, L]``, stats summed over the batch.
         """
         _, scale = self.check_query(seqs, layer, q, scale)
-        q = q.to(seqs[0].device)
+        q = q.to(seqs[0].layers[layer].device)
         steady = stack_steady(seqs, layer)
         view = self._batch_views.view(seqs, layer)
         out, lse, stats = self._executor.run(self.index_for(layer), view, steady, q, scale,

@@ -53,8 +53,8 @@ def make_plan(index: Index, view: IndexView, q: torch.Tensor, scale: float,
     counts = [zone_sizes(int(n), layer, index) for n in view.num_units.tolist()]
     r = torch.tensor([c[0] for c in counts], device=q.device)  # [B]
     e = torch.tensor([c[1] for c in counts], device=q.device)
-    R, E = int(r.max()), int(e.max())
-    K = int((r + e).max())
+    R, E = max(c[0] for c in counts), max(c[1] for c in counts)
+    K = max(c[0] + c[1] for c in counts)
     scores = index.rank(view, q, scale)  # [B, H, C]
     ranked = torch.topk(scores, K, dim=-1).indices if K < C else torch.argsort(
         scores, dim=-1, descending=True)
