@@ -3,12 +3,13 @@
 A decode step (one query token per sequence, ``B`` sequences at once, no Python loop over
 sequences or heads):
 
-1. centroid logits and the GQA-summed softmax score of every cluster
-   (:func:`vecstore.kernels._centroid_kernels.group_scores_triton`);
-2. the retrieval and estimation zones by radix select, without sorting
-   (:func:`~vecstore.executor.wave_kernels.select_zones`);
-3. split-K attention over the retrieved rows, the steady zone and the estimated clusters,
-   merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
+1. centroid logits, the GQA-summed softmax score of every cluster, and the retrieval and
+   estimation zones by radix select, without sorting
+   (:func:`~vecstore.executor.wave_kernels.rank_and_select`);
+2. split-K attention over the retrieved rows, the steady zone (on a side stream) and the
+   estimated clusters, merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
+
+On CUDA, :meth:`WaveExecutor.run` replays the step as a CUDA graph captured per layer.
 
 KV rows that live in host memory (an :class:`~vecstore.index.base.IndexView` whose keys
 are on the CPU while the query is on the GPU) go through a

@@ -1,17 +1,21 @@
 """Triton kernels of the wave executor's decode step (one query token per sequence).
 
-The step after centroid scoring (:func:`vecstore.kernels._centroid_kernels.group_scores_triton`):
-
-1. ``select_zones`` — per (sequence, KV head) row, the ``k1``-th and ``k2``-th largest ranking
-   scores by a 4-bit radix select (no sort), then one pass in cluster order that marks each
-   cluster retrieved (rank < k1), estimated (k1 <= rank < k2) or dropped, and compacts the
-   retrieved ids with their first row and the running sum of their sizes. Ties rank by cluster
-   id, so the zones are those of a stable top-k.
+1. ``rank_and_select`` — centroid logits of the G query heads of each (sequence, KV head)
+   row (one ``tl.dot`` per tile), the GQA-summed softmax score fused with the first radix
+   pass, then the ``k1``-th and ``k2``-th largest scores by a 4-bit radix select over all
+   (row, chunk) programs (no sort), per-chunk counts, one scan per row, and a parallel write
+   that marks each cluster retrieved (rank < k1), estimated (k1 <= rank < k2) or dropped and
+   compacts the retrieved ids with their first row and the running sum of their sizes. Ties
+   rank by cluster id, so the zones are those of a stable top-k. A row map (execution
+   position -> KV row) lets the retrieved rows be read in place.
 2. ``attend_retrieved`` / ``attend_steady`` / ``attend_estimated`` — split-K flash decoding over
-   the retrieved rows (read in place by a binary search over the running sizes, or from a
-   contiguous execution buffer), over the steady zone, and over the estimated clusters
-   (centroid logits plus log size, value means). Each split writes a partial ``(out, lse)``.
-3. :func:`vecstore.kernels._split.combine_splits` merges every split of a row by log-sum-exp.
+   the retrieved rows (in place through the row map, or from a contiguous execution buffer),
+   over the steady zone, and over the estimated clusters (centroid logits plus log size,
+   value means). Each split writes a partial ``(out, lse)``.
+3. ``combine`` merges every split of a query row by log-sum-exp.
+
+``copy_clusters`` moves whole clusters between the KV rows, the execution buffer and the
+block cache (:class:`vecstore.buffer.WaveBuffer`).
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
