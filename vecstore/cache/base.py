@@ -60,8 +60,8 @@ class CachePolicy(Protocol):
         Returns
         -------
         list[Hashable]
-            Resident keys evicted to make room, none of them in ``protected``; empty
-            while the cache is not full. ``len(self) <= capacity`` always holds.
+            The resident key evicted to make room (one when the cache was full, none
+            otherwise), never one in ``protected``; so ``len(self) <= capacity``.
 
         Raises
         ------
