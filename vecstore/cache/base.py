@@ -75,7 +75,12 @@ class CachePolicy(Protocol):
         ...
 
     def keys(self) -> list[Hashable]:
-        """The resident keys, in the policy's eviction order where it has one."""
+        """The resident keys, in the order the policy considers them for eviction.
+
+        Exactly the eviction order for ``lru``, ``fifo`` and ``lfu``; for ``clock``,
+        ``arc`` and ``s3fifo`` the order their sweeps visit keys (reference bits,
+        adaptive targets and counts can still spare a key that comes early).
+        """
         ...
 
 
