@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import time
+import tomllib
 from pathlib import Path
 
 import torch
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fidelity-tasks", nargs="*", default=["niah_multikey", "variable_tracking"])
     p.add_argument("--fidelity-length", type=int, default=6000)
     p.add_argument("--fidelity-queries", type=int, default=16)
+    p.add_argument("--config", type=Path, default=None,
+                   help="TOML of further store settings for every sparse method (its index "
+                        "kind and budgets still come from the method)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -72,12 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     model, tokenizer = load_smollm2(device=args.device)
     methods = [m for m in args.methods if m != "full"]
+    base = None
+    if args.config is not None:
+        with args.config.open("rb") as fh:
+            base = tomllib.load(fh)
 
     fidelity_samples = [make_sample(t, args.fidelity_length, 0, tokenizer)
                         for t in args.fidelity_tasks]
     fidelity = [f.to_dict() for f in tqdm(
         run_fidelity(model, tokenizer, fidelity_samples, ["full", *methods], args.budget,
-                     num_queries=args.fidelity_queries),
+                     num_queries=args.fidelity_queries, base=base),
         desc="fidelity", unit="layer", total=len(fidelity_samples) * (len(methods) + 1)
         * model.config.num_hidden_layers)]
 
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             continue
         sample = make_sample(task, length, seed, tokenizer)
-        for result in run_sample(model, tokenizer, sample, runs):
+        for result in run_sample(model, tokenizer, sample, runs, base=base):
             results.append(result.to_dict())
             with runs_path.open("a") as fh:
                 fh.write(json.dumps(result.to_dict()) + "\n")
@@ -105,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                      result.budget, result.score, result.answer[:60])
 
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings["store_config"] = base
     settings["seconds"] = round(time.perf_counter() - start)
     summary = summarize(results, fidelity, args.budget, args.sweep_length)
     meta = environment(args.device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -132,10 +132,11 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def layer_fidelity(captured: Captured, method: str, budget: float, *, task: str,
-                   model: PreTrainedModel) -> list[LayerFidelity]:
+                   model: PreTrainedModel,
+                   base: Mapping[str, Any] | None = None) -> list[LayerFidelity]:
     """Fidelity of ``method`` (``full`` = exact ``flat`` index) at every layer."""
     shape = model_shape(model)
-    config = method_config(method, budget) or {"index": {"kind": "flat"}}
+    config = method_config(method, budget, base) or {"index": {"kind": "flat"}}
     scale = 1.0 / math.sqrt(shape.head_dim)
     out: list[LayerFidelity] = []
     with Store.open(config=config) as store:
@@ -162,9 +163,11 @@ def layer_fidelity(captured: Captured, method: str, budget: float, *, task: str,
 
 def run_fidelity(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  samples: list[Sample], methods: list[str], budget: float, *,
-                 num_queries: int) -> Iterator[LayerFidelity]:
+                 num_queries: int, base: Mapping[str, Any] | None = None,
+                 ) -> Iterator[LayerFidelity]:
     """Per-layer fidelity of each method on each sample's prompt."""
     for sample in samples:
         captured = capture(model, tokenizer, sample, num_queries)
         for method in methods:
-            yield from layer_fidelity(captured, method, budget, task=sample.task, model=model)
+            yield from layer_fidelity(captured, method, budget, task=sample.task, model=model,
+                                      base=base)

@@ -13,7 +13,7 @@ reported with every score.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,21 +34,30 @@ METHODS = ("full", "wave", "wave_noest", "quest", "sink_window", "topk_oracle")
 budget 0), and the baselines ``quest``, ``sink_window``, ``topk_oracle``."""
 
 
-def method_config(method: str, budget: float) -> dict[str, Any] | None:
+def method_config(method: str, budget: float,
+                  base: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Store configuration of ``method`` at retrieval budget ``budget`` (``None`` = full).
+
+    ``base`` holds further settings (e.g. ``{"index": {"tokens_per_cluster": 8}}``);
+    the method's index kind and budgets take precedence over it.
 
     Examples
     --------
     >>> method_config("wave_noest", 0.018)["attention"]
     {'retrieval_budget': 0.018, 'estimation_budget': 0.0}
+    >>> method_config("quest", 0.01, {"index": {"page_tokens": 8}})["index"]
+    {'page_tokens': 8, 'kind': 'quest'}
     """
     if method == "full":
         return None
-    attention: dict[str, float] = {"retrieval_budget": budget}
+    config = {k: dict(v) if isinstance(v, Mapping) else v for k, v in (base or {}).items()}
+    index = config.setdefault("index", {})
+    attention = config.setdefault("attention", {})
+    index["kind"] = "wave" if method.startswith("wave") else method
+    attention["retrieval_budget"] = budget
     if method == "wave_noest":
         attention["estimation_budget"] = 0.0
-    return {"index": {"kind": "wave" if method.startswith("wave") else method},
-            "attention": attention}
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +152,12 @@ def _continue(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pre: P
 
 
 def run_method(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sample: Sample,
-               pre: Prefilled, method: str, budget: float, *, fingerprint: str) -> Result:
-    """Decode ``sample``'s answer with ``method`` from the shared prefill."""
+               pre: Prefilled, method: str, budget: float, *, fingerprint: str,
+               base: Mapping[str, Any] | None = None) -> Result:
+    """Decode ``sample``'s answer with ``method`` (on top of settings ``base``) from the
+    shared prefill."""
     start = time.perf_counter()
-    config = method_config(method, budget)
+    config = method_config(method, budget, base)
     exact, mass = 1.0, 0.0
     if config is None:
         cache = DynamicCache()
@@ -174,13 +185,14 @@ def run_method(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sampl
 
 
 def run_sample(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sample: Sample,
-               runs: list[tuple[str, float]]) -> Iterator[Result]:
+               runs: list[tuple[str, float]], *,
+               base: Mapping[str, Any] | None = None) -> Iterator[Result]:
     """Prefill ``sample`` once, then answer it with each ``(method, budget)`` of ``runs``."""
     pre = prefill(model, tokenizer, sample)
     fingerprint = model_fingerprint(model)
     for method, budget in runs:
         yield run_method(model, tokenizer, sample, pre, method, budget,
-                         fingerprint=fingerprint)
+                         fingerprint=fingerprint, base=base)
 
 
 def plan_runs(methods: list[str], budget: float, sweep_methods: list[str],
