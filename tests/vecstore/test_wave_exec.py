@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-# Triton decides interpreted or compiled when it is imported (it decorates its own language
-# functions then): without a GPU, ask for the interpreter before anything imports it
-if not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
+from tests.interpreter import interpreted, request_interpreter
 from tests.reference import exact_attention, rel_err
 from vecstore.config import StoreConfig
 from vecstore.executor import EXECUTORS
@@ -28,16 +21,7 @@ CFG = StoreConfig.from_dict({"index": {"segment_tokens": 512},
 H, D, G = 2, 32, 4
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    """Run the Triton kernels on CPU tensors in Triton's interpreter."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if not isinstance(tl.zeros, InterpretedFunction):
-        pytest.skip("triton was imported compiled (a GPU, or imported before this module); "
-                    "the GPU tests cover the kernels there")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+request_interpreter()  # the kernels run on CPU tensors in Triton's interpreter
 
 
 def _batch(gen, dtype, lengths=(1500, 700), device="cpu", index=None):
@@ -59,7 +43,8 @@ def test_registered():
     assert EXECUTORS.get("wave") is WaveExecutor
 
 
-def test_select_zones_is_a_stable_top_k(interpret):
+@interpreted
+def test_select_zones_is_a_stable_top_k():
     from vecstore.executor.wave_kernels import select_zones
 
     gen = torch.Generator().manual_seed(0)
@@ -90,7 +75,8 @@ def test_select_zones_is_a_stable_top_k(interpret):
 
 
 @pytest.mark.parametrize("offload", [False, True])
-def test_float32_scoring_matches_reference_exactly(interpret, offload):
+@interpreted
+def test_float32_scoring_matches_reference_exactly(offload):
     gen = torch.Generator().manual_seed(1)
     index, view, steady, q = _batch(gen, torch.float32)
     layer = CFG.for_layer(0)
@@ -106,7 +92,8 @@ def test_float32_scoring_matches_reference_exactly(interpret, offload):
                                            ref[2].units_retrieved, ref[2].units_estimated)
 
 
-def test_bfloat16_within_bf16_tolerance(interpret):
+@interpreted
+def test_bfloat16_within_bf16_tolerance():
     gen = torch.Generator().manual_seed(2)
     index, view, steady, q = _batch(gen, torch.bfloat16)
     layer = CFG.for_layer(0)
@@ -117,7 +104,8 @@ def test_bfloat16_within_bf16_tolerance(interpret):
     assert rel_err(lse, ref[1]) < 1e-3
 
 
-def test_full_budget_is_exact_attention(interpret):
+@interpreted
+def test_full_budget_is_exact_attention():
     gen = torch.Generator().manual_seed(3)
     cfg = StoreConfig.from_dict({"index": {"segment_tokens": 512},
                                  "attention": {"retrieval_budget": 1.0}})
@@ -131,7 +119,8 @@ def test_full_budget_is_exact_attention(interpret):
     assert stats.tokens_exact == stats.tokens_total == 970
 
 
-def test_falls_back_to_reference_where_it_must(interpret):
+@interpreted
+def test_falls_back_to_reference_where_it_must():
     gen = torch.Generator().manual_seed(4)
     layer = CFG.for_layer(0)
     ex = WaveExecutor(backend="triton")

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-# Triton decides interpreted or compiled when it is imported (it decorates its own language
-# functions then): without a GPU, ask for the interpreter before anything imports it
-if not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
+from tests.interpreter import interpreted, request_interpreter
 from vecstore.buffer import PolicyBookkeeper, StepRecord, WaveBuffer
 from vecstore.cache import POLICIES
 from vecstore.errors import CapacityError
@@ -22,16 +15,7 @@ from vecstore.kvstore import MemoryAccount
 ROWS, C, D = 2, 40, 16
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    """Run the Triton kernels on CPU tensors in Triton's interpreter."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if not isinstance(tl.zeros, InterpretedFunction):
-        pytest.skip("triton was imported compiled (a GPU, or imported before this module); "
-                    "the GPU tests cover the kernels there")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+request_interpreter()  # the kernels run on CPU tensors in Triton's interpreter
 
 
 def _layout(gen):
@@ -74,7 +58,8 @@ def _expected_exec(zones, keys, row):
     return torch.cat(parts)
 
 
-def test_execution_buffer_cache_and_admission(interpret):
+@interpreted
+def test_execution_buffer_cache_and_admission():
     gen = torch.Generator().manual_seed(0)
     sizes, first, keys, values = _layout(gen)
     buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=4,
