@@ -45,7 +45,7 @@ def test_registered():
 
 @interpreted
 def test_select_zones_is_a_stable_top_k():
-    from vecstore.executor.wave_kernels import select_zones
+    from vecstore.executor.wave_select import select_zones
 
     gen = torch.Generator().manual_seed(0)
     rows, C = 5, 2500  # three chunks of 1024

@@ -30,7 +30,7 @@ from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
 from vecstore.kvstore.base import MemoryAccount
 
 if TYPE_CHECKING:
-    from vecstore.executor.wave_exec import Zones
+    from vecstore.executor.wave_state import Zones
 
 __all__ = ["WaveBuffer", "BufferStats"]
 

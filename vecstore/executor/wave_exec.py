@@ -5,7 +5,7 @@ sequences or heads):
 
 1. centroid logits, the GQA-summed softmax score of every cluster, and the retrieval and
    estimation zones by radix select, without sorting
-   (:func:`~vecstore.executor.wave_kernels.rank_and_select`);
+   (:func:`~vecstore.executor.wave_select.rank_and_select`);
 2. split-K attention over the retrieved rows, the steady zone (on a side stream) and the
    estimated clusters, merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +32,7 @@ from vecstore.config import LayerConfig
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.plan import zone_sizes
 from vecstore.executor.torch_ref import TorchExecutor
+from vecstore.executor.wave_state import CapturedStep, DecodeResult, PreparedView, Zones
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels._backend import resolve_backend
 from vecstore.types import QueryStats
@@ -40,127 +40,6 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
-
-
-@dataclass(frozen=True, slots=True)
-class Zones:
-    """Per-row output of :func:`select_zones` (rows ``b * Hkv + h``).
-
-    Attributes
-    ----------
-    zone : torch.Tensor
-        ``[rows, C]`` int8: 1 retrieved, 2 estimated, 0 dropped.
-    ids : torch.Tensor
-        ``[rows, R]`` int32 retrieved cluster ids in cluster order (first ``count`` valid).
-    first_row : torch.Tensor
-        ``[rows, R]`` int32 first KV row of each retrieved cluster.
-    cum : torch.Tensor
-        ``[rows, R + 1]`` int32 running sum of retrieved sizes: cluster ``i`` fills
-        execution rows ``cum[i]:cum[i + 1]``; ``cum[count]`` is the row total.
-    count : torch.Tensor
-        ``[rows]`` int32 retrieved clusters.
-    """
-
-    zone: torch.Tensor
-    ids: torch.Tensor
-    first_row: torch.Tensor
-    cum: torch.Tensor
-    count: torch.Tensor
-
-    @staticmethod
-    def empty(rows: int, num_clusters: int, r_max: int, device: torch.device) -> Zones:
-        """Buffers for ``rows`` rows of ``num_clusters`` clusters, at most ``r_max`` retrieved."""
-        i32 = torch.int32
-        return Zones(
-            zone=torch.empty(rows, num_clusters, dtype=torch.int8, device=device),
-            ids=torch.empty(rows, r_max, dtype=i32, device=device),
-            first_row=torch.empty(rows, r_max, dtype=i32, device=device),
-            cum=torch.empty(rows, r_max + 1, dtype=i32, device=device),
-            count=torch.empty(rows, dtype=i32, device=device),
-        )
-
-
-@dataclass
-class PreparedView:
-    """What the decode step needs of one layer's view, built once per view and budget.
-
-    Attributes
-    ----------
-    view : IndexView
-        The source view (kept alive so its id stays unique).
-    centroids : torch.Tensor
-        ``[B, Hkv, C, D]`` in the scoring dtype.
-    vmean : torch.Tensor
-        ``[rows, C, D]`` value means ``VS_j / n_j`` in the KV dtype.
-    sizes, first_row : torch.Tensor
-        ``[rows, C]`` int32.
-    keys, values : torch.Tensor
-        ``[rows, N, D]`` the KV rows (GPU, or host memory for an offloaded view).
-    k1, k2 : torch.Tensor
-        ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters per row.
-    r_max : int
-        Largest ``k1``.
-    max_rows : int
-        Most rows the retrieved clusters of a row can hold (its ``r_max`` largest
-        clusters): the execution buffer's length.
-    tokens_total : int
-        Indexed tokens over all rows, per KV head.
-    buffer : WaveBuffer | None
-        The block cache of an offloaded view.
-    graph : _Graph | None
-        The captured decode step (CUDA).
-    """
-
-    view: IndexView
-    centroids: torch.Tensor
-    vmean: torch.Tensor
-    sizes: torch.Tensor
-    first_row: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
-    k1: torch.Tensor
-    k2: torch.Tensor
-    r_max: int
-    max_rows: int
-    tokens_total: int
-    buffer: WaveBuffer | None
-    graph: _Graph | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Graph:
-    """A captured decode step and its static inputs and outputs."""
-
-    key: tuple
-    graph: torch.cuda.CUDAGraph
-    q: torch.Tensor
-    steady: Steady
-    res: DecodeResult
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeResult:
-    """Device outputs of one decode step.
-
-    Attributes
-    ----------
-    out : torch.Tensor
-        ``[B, Hq, D]`` in the query dtype.
-    lse : torch.Tensor
-        ``[B, Hq]`` float32.
-    zones : Zones
-        The step's retrieval and estimation zones.
-    parts_lse : torch.Tensor
-        ``[B * Hq, P]`` float32 partial log-sum-exps (retrieved, steady, estimated splits).
-    num_exact_parts : int
-        Leading parts that are exact (retrieved and steady); the rest are estimated.
-    """
-
-    out: torch.Tensor
-    lse: torch.Tensor
-    zones: Zones
-    parts_lse: torch.Tensor
-    num_exact_parts: int
 
 
 @EXECUTORS.register("wave")
@@ -333,10 +212,10 @@ class WaveExecutor:
             attend_steady,
             combine,
             estimate_layout,
-            rank_and_select,
             retrieved_layout,
             steady_splits,
         )
+        from vecstore.executor.wave_select import rank_and_select
 
         B, Hq, D = q.shape
         rows, C = prep.sizes.shape
@@ -413,7 +292,7 @@ class WaveExecutor:
         return g.res
 
     def _capture(self, prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady,
-                 cap: int, scale: float) -> _Graph:
+                 cap: int, scale: float) -> CapturedStep:
         B, H, S, D = steady.keys.shape
         static = Steady(steady.keys.new_zeros(B, H, cap, D), steady.values.new_zeros(B, H, cap, D),
                         steady.lengths.clone())
@@ -435,4 +314,4 @@ class WaveExecutor:
         # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             res = self.decode(prep, static, qs, scale)
-        return _Graph(key=key, graph=graph, q=qs, steady=static, res=res)
+        return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res)
