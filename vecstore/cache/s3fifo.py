@@ -34,7 +34,10 @@ class S3FIFOPolicy:
 
     Each admission into a full cache evicts exactly one key (the paper's loop may evict
     one from ``S`` after a promotion already evicted one from ``M``; a fixed slot pool
-    keeps the slot instead). Protected keys keep their place in their queue.
+    keeps the slot instead). A protected key that an eviction passes goes to the tail of
+    its queue with its count unchanged, as it is in use. Operations take constant time
+    on average, except while one step's protected admissions fill all of ``S``: each
+    further eviction then scans ``S`` once before turning to ``M``.
 
     Parameters
     ----------
@@ -84,7 +87,7 @@ class S3FIFOPolicy:
         check_absent(self, key)
         evicted = []
         if len(self) >= self._capacity:
-            first_unprotected(chain(self._small, self._main), protected, key)
+            first_unprotected(chain(self._main, self._small), protected, key)
             evicted.append(self._evict(protected))
         if key in self._ghost:
             del self._ghost[key]
@@ -103,8 +106,12 @@ class S3FIFOPolicy:
         return [*self._small, *self._main]
 
     def _evict(self, protected: Container[Hashable]) -> Hashable:
-        main_has_victim = any(k not in protected for k in self._main)
-        if len(self._small) >= self._small_capacity or not main_has_victim:
+        # scans stop at the first unprotected key; passing a fully protected S (a step
+        # that admits more than S's share) in Python would cost a rotation per key
+        if any(k not in protected for k in self._small) and (
+            len(self._small) >= self._small_capacity
+            or all(k in protected for k in self._main)
+        ):
             evicted = self._evict_small(protected)
             if evicted:
                 return evicted[0]
@@ -112,40 +119,28 @@ class S3FIFOPolicy:
 
     def _evict_small(self, protected: Container[Hashable]) -> list[Hashable]:
         """Drain S from its head until one key leaves the cache; [] if none did."""
-        skipped: list[tuple[Hashable, int]] = []
-        evicted: list[Hashable] = []
-        while self._small and not evicted:
+        for _ in range(len(self._small)):  # visit each key at most once
             key, count = self._small.popitem(last=False)
             if key in protected:
-                skipped.append((key, count))
+                self._small[key] = count
             elif count > 0:  # reused while on probation: promote with a clear count
                 self._main[key] = 0
                 if len(self._main) > self._main_capacity:
-                    evicted.append(self._evict_main(protected))
+                    return [self._evict_main(protected)]
             else:
                 self._ghost[key] = None
                 if len(self._ghost) > self._main_capacity:
                     self._ghost.popitem(last=False)
-                evicted.append(key)
-        _restore_front(self._small, skipped)
-        return evicted
+                return [key]
+        return []
 
     def _evict_main(self, protected: Container[Hashable]) -> Hashable:
         """FIFO with reinsertion over M; the caller ensures M has an unprotected key."""
-        skipped: list[tuple[Hashable, int]] = []
         while True:
             key, count = self._main.popitem(last=False)
             if key in protected:
-                skipped.append((key, count))
+                self._main[key] = count
             elif count > 0:
                 self._main[key] = count - 1
             else:
-                _restore_front(self._main, skipped)
                 return key
-
-
-def _restore_front(queue: OrderedDict[Hashable, int], items: list[tuple[Hashable, int]]) -> None:
-    """Put ``items`` back at the head of ``queue`` in their original order."""
-    for key, count in reversed(items):
-        queue[key] = count
-        queue.move_to_end(key, last=False)

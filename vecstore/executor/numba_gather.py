@@ -57,10 +57,8 @@ def _gather(store: _Array, starts: _Array, lengths: _Array, out: _Array, filled:
     for i in numba.prange(num_heads * num_ranges):
         h = i // num_ranges
         r = i % num_ranges
-        src = starts[h, r]
-        dst = offsets[h, r]
-        for j in range(lengths[h, r]):
-            out[h, dst + j, :] = store[h, src + j, :]
+        src, dst, n = starts[h, r], offsets[h, r], lengths[h, r]
+        out[h, dst : dst + n] = store[h, src : src + n]
 
 
 def gather_clusters(

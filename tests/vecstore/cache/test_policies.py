@@ -209,7 +209,7 @@ class RefS3FIFO:
     """S3-FIFO as documented (one eviction per admission) on plain lists, oldest first.
 
     With nothing protected or discarded it is the paper's Algorithm 1 except that a
-    promotion which evicts from M ends the eviction; protected keys keep their place.
+    promotion which evicts from M ends the eviction; protected keys passed go to the tail.
     """
 
     def __init__(self, c: int) -> None:
@@ -236,14 +236,11 @@ class RefS3FIFO:
     def _evict(self, protected: Iterable[Hashable]) -> Hashable:
         main_has_victim = any(k not in protected for k, _ in self.main)
         if len(self.small) >= self.s_cap or not main_has_victim:
-            i = 0
-            while i < len(self.small):
-                key, count = self.small[i]
+            for _ in range(len(self.small)):
+                key, count = self.small.pop(0)
                 if key in protected:
-                    i += 1
-                    continue
-                del self.small[i]
-                if count > 0:
+                    self.small.append([key, count])
+                elif count > 0:
                     self.main.append([key, 0])
                     if len(self.main) > self.m_cap:
                         return self._evict_main(protected)
@@ -253,16 +250,13 @@ class RefS3FIFO:
         return self._evict_main(protected)
 
     def _evict_main(self, protected: Iterable[Hashable]) -> Hashable:
-        i = 0
         while True:
-            key, count = self.main[i]
+            key, count = self.main.pop(0)
             if key in protected:
-                i += 1
+                self.main.append([key, count])
             elif count == 0:
-                del self.main[i]
                 return key
             else:
-                del self.main[i]
                 self.main.append([key, count - 1])
 
     def discard(self, x: Hashable) -> None:
@@ -322,7 +316,7 @@ class Driver:
         assert len(keys) == len(set(keys)) == len(self.policy) <= self.policy.capacity
         assert set(keys) == self.resident
         assert all(k in self.policy for k in self.resident)
-        assert not any(k in self.policy for k in set(range(NUM_KEYS)) - self.resident)
+        assert not any(k in self.policy for k in set(range(4 * NUM_KEYS)) - self.resident)
         if self.ref is not None:
             assert keys == self.ref.keys()
 
@@ -382,25 +376,26 @@ def test_matches_reference(name: str, reference: Callable[[int], Any]) -> None:
     run_state_machine_as_test(machine(name, reference), settings=STATEFUL)
 
 
-def random_trace(seed: int, length: int = 400) -> list[tuple[str, int, frozenset[int]]]:
+def random_trace(seed: int, num_keys: int, length: int = 400) -> list[tuple[str, int, frozenset]]:
     """Long traces with skewed keys reach deep states (full ghost lists, saturated counts)
     that short state-machine runs rarely do; some traces protect and discard nothing."""
     rng = random.Random(seed)
     p_protect = rng.choice([0.0, 0.25, 0.5])
     ops = ["admit", "admit", "touch", "touch"] + ["discard"] * rng.choice([0, 1])
-    keys = [0, 0, 0, 1, 1, 2, *range(NUM_KEYS)]
+    keys = [0, 0, 0, 1, 1, 2, *range(num_keys)]
     return [(rng.choice(ops), rng.choice(keys),
-             frozenset(k for k in range(NUM_KEYS) if rng.random() < p_protect))
+             frozenset(k for k in range(num_keys) if rng.random() < p_protect))
             for _ in range(length)]
 
 
 @pytest.mark.parametrize("name, reference", REFERENCES)
 @settings(max_examples=100, deadline=None)
-@given(capacity=st.integers(1, 7), seed=st.integers(0, 2**32 - 1))
+@given(capacity=st.integers(1, 7) | st.integers(20, 24), seed=st.integers(0, 2**32 - 1))
 def test_long_traces_match_reference(name: str, reference: Callable[[int], Any],
                                      capacity: int, seed: int) -> None:
+    """Capacities from 20 give S3-FIFO a small queue of two keys."""
     driver = Driver(name, capacity, reference)
-    for op, key, protected in random_trace(seed):
+    for op, key, protected in random_trace(seed, num_keys=max(NUM_KEYS, capacity * 3 // 2)):
         if op == "admit":
             driver.admit(key, protected)
         else:
@@ -477,3 +472,16 @@ def test_s3fifo_counts_saturate_at_three() -> None:
         policy.touch(f"x{i}")
         evicted += policy.admit(f"x{i + 1}")
     assert evicted == ["x0", "x1", "x2", "a"]
+
+
+def test_s3fifo_evicts_from_small_when_main_is_all_protected() -> None:
+    policy = make_policy("s3fifo", 20)  # S holds 2 keys, M 18
+    for k in range(20):
+        policy.admit(k)
+    for k in range(19):
+        policy.touch(k)
+    assert policy.admit(20) == [0]  # 0-18 move to M, which overflows by one
+    assert policy.admit(21) == [19]  # never hit: from S into the ghost queue
+    policy.discard(21)
+    assert policy.admit(19) == []  # ghost hit: straight into M; S holds 20 alone
+    assert policy.admit(22, protected=set(range(1, 20))) == [20]
