@@ -177,13 +177,8 @@ class BlockCache:
     >>> cache.close()
     """
 
-    def __init__(
-        self,
-        num_slots: int,
-        *,
-        policy: str | CachePolicy = "lru",
-        executor: Executor | None = None,
-    ) -> None:
+    def __init__(self, num_slots: int, *, policy: str | CachePolicy = "lru",
+                 executor: Executor | None = None) -> None:
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidValueError(f"num_slots: expected an integer >= 1, got {num_slots!r}")
         if isinstance(policy, str):
@@ -299,12 +294,8 @@ class BlockCache:
     def __enter__(self) -> BlockCache:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def _check_current(self, lookup: Lookup) -> None:
