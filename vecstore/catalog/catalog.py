@@ -51,6 +51,16 @@ class Catalog:
     Every read runs in one snapshot transaction and every write in one explicit
     transaction, so a reader never sees part of a commit. Open with :meth:`open`;
     create a new file with :meth:`initialize`.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "catalog.sqlite"
+    >>> Catalog.initialize(path, {"index": {"kind": "wave"}})
+    >>> cat = Catalog.open(path, read_only=True)
+    >>> cat.config, cat.load()
+    ({'index': {'kind': 'wave'}}, [])
+    >>> cat.close()
     """
 
     def __init__(self, path: Path, *, read_only: bool) -> None:

@@ -48,7 +48,16 @@ def store_path(path: object) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class StoreLayout:
-    """The files of the store at ``root``."""
+    """The files of the store at ``root``.
+
+    Examples
+    --------
+    >>> layout = StoreLayout(Path("/stores/kv"))
+    >>> layout.segment_file("9f2c", 3, 4)
+    'data/9f2c/0003-000000000004.safetensors'
+    >>> layout.resolve("data/9f2c/0003-000000000004.safetensors").parent.name
+    '9f2c'
+    """
 
     root: Path
 

@@ -59,6 +59,17 @@ class StoreInfo:
 
     ``disk_bytes`` counts every file of the store directory (catalog and WAL
     included); ``raw_kv_bytes`` sums the sequences' uncompressed KV.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from vecstore import Store
+    >>> with Store.open(tempfile.mkdtemp()) as store:
+    ...     _ = store.create("doc", num_layers=2, num_kv_heads=1, head_dim=4,
+    ...                      dtype="float16")
+    ...     info = store.info()
+    >>> [(q.name, q.num_layers, q.num_tokens) for q in info.sequences]
+    [('doc', 2, 0)]
     """
 
     path: Path

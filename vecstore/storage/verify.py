@@ -49,6 +49,15 @@ class VerifyReport:
     unreferenced : list[str]
         Files under ``data/`` that no catalog row names (left by a crash or an
         interrupted drop; harmless, removed by ``gc``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from vecstore import Store
+    >>> with Store.open(tempfile.mkdtemp()) as store:
+    ...     report = store.verify()
+    >>> report.ok, report.files_checked
+    (True, 0)
     """
 
     path: Path

@@ -32,7 +32,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))))
 
-from tests.vecstore.persistence.helpers import DIM, HEADS, LAYERS, config, stream  # noqa: E402
+from tests.vecstore.persistence.persist_helpers import DIM, HEADS, LAYERS, config, stream  # noqa: E402
 from vecstore import Store  # noqa: E402
 
 MAX_TOKENS = 400

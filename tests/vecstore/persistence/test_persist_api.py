@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.vecstore.persistence.helpers import (
+from tests.vecstore.persistence.persist_helpers import (
     DIM,
     HEADS,
     LAYERS,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.vecstore.persistence.helpers import built_copy, stream
+from tests.vecstore.persistence.persist_helpers import built_copy, stream
 from vecstore import Store
 from vecstore.errors import CorruptionError
 

@@ -12,7 +12,7 @@ import random
 import signal
 import time
 
-from tests.vecstore.persistence.helpers import config
+from tests.vecstore.persistence.persist_helpers import config
 from tests.vecstore.persistence.writer_process import WriterServer, observe, replay
 from vecstore import Store
 from vecstore.errors import SequenceDroppedError

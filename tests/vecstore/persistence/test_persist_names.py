@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.vecstore.persistence.helpers import built_copy
+from tests.vecstore.persistence.persist_helpers import built_copy
 from vecstore import Store
 from vecstore.errors import CatalogError, CorruptionError, InvalidValueError, NotFoundError
 

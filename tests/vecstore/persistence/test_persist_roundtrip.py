@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.vecstore.persistence.helpers import (
+from tests.vecstore.persistence.persist_helpers import (
     DIM,
     HEADS,
     LAYERS,

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from tests.vecstore.persistence.crash_worker import seed_of
-from tests.vecstore.persistence.helpers import LAYERS, expected_rows, stored_rows
+from tests.vecstore.persistence.persist_helpers import LAYERS, expected_rows, stored_rows
 from vecstore import Store
 
 ROOT = Path(__file__).resolve().parents[3]
