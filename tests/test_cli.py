@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tests.vecstore.persistence.helpers import built_copy, data_files
+from tests.vecstore.persistence.persist_helpers import built_copy, data_files
 from vecstore import Store
 from vecstore.cli import main
 
