@@ -277,7 +277,8 @@ def markdown(r: dict) -> str:
         f"{t['kv_heads']} KV heads x {t['head_dim']}, {t['dtype']})",
         "",
         f"{r['machine']['cpus']} CPUs, torch {r['versions']['torch']}, "
-        f"SQLite {r['versions']['sqlite']}, {r['date']}. Produced by "
+        f"SQLite {r['versions']['sqlite']}, {r['date']}, load average "
+        f"{r['load_average'][0]:.1f} (a shared machine: see docs/persistence.md). Produced by "
         "`benchmarks/persistence.py`.",
         "",
         "| quantity | value |",
