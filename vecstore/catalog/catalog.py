@@ -35,8 +35,10 @@ from vecstore.catalog.schema import (
     SequenceRow,
     SteadyChunkRow,
     StoreRow,
+    sequence_checksum,
+    text_checksum,
 )
-from vecstore.errors import CatalogError, SchemaVersionError
+from vecstore.errors import CatalogError, CorruptionError, SchemaVersionError
 
 __all__ = ["Catalog"]
 
@@ -82,10 +84,12 @@ class Catalog:
         try:
             with sql_errors(path):
                 Base.metadata.create_all(engine)
+                text_config = json.dumps(config, sort_keys=True)
                 with Session(engine) as s, s.begin():
                     s.add(StoreRow(id=1, format=FORMAT, schema_version=SCHEMA_VERSION,
                                    created_by=f"vecstore {__version__}", created_at=_now(),
-                                   config_json=json.dumps(config, sort_keys=True)))
+                                   config_json=text_config,
+                                   config_checksum=text_checksum(text_config)))
                     s.execute(text(f"PRAGMA user_version = {SCHEMA_VERSION}"))
         finally:
             engine.dispose()
@@ -114,7 +118,8 @@ class Catalog:
                     raise CatalogError(f"{path} is an SQLite file but not a vecstore catalog "
                                        "(it has no 'store' table)")
                 row = conn.execute(select(StoreRow.format, StoreRow.schema_version,
-                                          StoreRow.config_json)).first()
+                                          StoreRow.config_json, StoreRow.config_checksum)
+                                   ).first()
             if row is None or row.format != FORMAT:
                 raise CatalogError(f"{path} is not a vecstore catalog (store.format is "
                                    f"{None if row is None else row.format!r})")
@@ -123,6 +128,9 @@ class Catalog:
                     f"catalog {path} has schema version {row.schema_version} "
                     f"(user_version {version}); this vecstore reads version {SCHEMA_VERSION}: "
                     "open it with the vecstore release that wrote it")
+            if text_checksum(row.config_json) != row.config_checksum:
+                raise CorruptionError(f"catalog {path} is corrupt: the stored config fails "
+                                      "its checksum")
             cat.config = json.loads(row.config_json)
         except BaseException:
             cat.close()
@@ -170,6 +178,10 @@ class Catalog:
                     tuple(seg_by_layer[lr.id]), tuple(chunk_by_layer[lr.id])))
                 layer_ids[(names[lr.sequence_id], lr.layer)] = lr.id
             self._seq_ids, self._layer_ids = {q.name: q.id for q in seqs}, layer_ids
+            for q in seqs:
+                if sequence_checksum(q) != q.checksum:
+                    raise CorruptionError(f"catalog {self.path} is corrupt: the row of "
+                                          f"sequence {q.id} ({q.name!r}) fails its checksum")
             return [SequenceRecord(
                 q.id, q.name, q.directory, q.num_layers, q.num_kv_heads, q.head_dim, q.dtype,
                 q.device, q.fingerprint, q.num_tokens, q.created_at, q.updated_at,
@@ -223,6 +235,7 @@ class Catalog:
                           head_dim=new.head_dim, dtype=new.dtype, device=new.device,
                           fingerprint=new.fingerprint, num_tokens=0, created_at=now,
                           updated_at=now)
+        row.checksum = sequence_checksum(row)
         s.add(row)
         s.flush()
         layers = [LayerRow(sequence_id=row.id, layer=i, num_tokens=0, index_kind=kind)

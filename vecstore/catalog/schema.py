@@ -22,6 +22,8 @@ layers, files, segments, clusters and steady chunks.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 
 from sqlalchemy import ForeignKey, Index, LargeBinary, String, UniqueConstraint
@@ -38,6 +40,8 @@ __all__ = [
     "SegmentRow",
     "ClusterRow",
     "SteadyChunkRow",
+    "text_checksum",
+    "sequence_checksum",
 ]
 
 SCHEMA_VERSION = 1
@@ -62,11 +66,13 @@ class StoreRow(Base):
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
     config_json: Mapped[str]
+    config_checksum: Mapped[str] = mapped_column(String(80))
 
 
 class SequenceRow(Base):
     """A sequence; its data lives under ``data/<directory>/`` (a random hex name, so a
-    user-chosen name never becomes a path)."""
+    user-chosen name never becomes a path). ``checksum`` covers the fields fixed at
+    creation (:func:`sequence_checksum`), so a flipped name or fingerprint is caught."""
 
     __tablename__ = "sequences"
     __table_args__ = {"sqlite_autoincrement": True}
@@ -83,6 +89,7 @@ class SequenceRow(Base):
     num_tokens: Mapped[int]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    checksum: Mapped[str] = mapped_column(String(80))
 
 
 class LayerRow(Base):
@@ -170,3 +177,14 @@ class SteadyChunkRow(Base):
     keys: Mapped[bytes] = mapped_column(LargeBinary)
     values: Mapped[bytes] = mapped_column(LargeBinary)
     checksum: Mapped[str] = mapped_column(String(80))
+
+
+def text_checksum(text: str) -> str:
+    """``"sha256:<hex>"`` of ``text`` (UTF-8)."""
+    return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def sequence_checksum(row: SequenceRow) -> str:
+    """Checksum of a sequence row's fields fixed at creation."""
+    return text_checksum(json.dumps([row.name, row.directory, row.num_layers, row.num_kv_heads,
+                                     row.head_dim, row.dtype, row.device, row.fingerprint]))

@@ -20,6 +20,9 @@ from vecstore.catalog.schema import (
     SegmentRow,
     SequenceRow,
     SteadyChunkRow,
+    StoreRow,
+    sequence_checksum,
+    text_checksum,
 )
 from vecstore.checks import SUPPORTED_DTYPES
 from vecstore.errors import CorruptionError
@@ -101,7 +104,12 @@ def verify_store(p: Persistence) -> VerifyReport:
         if fk:
             problems.append(f"catalog {cat.path}: {len(fk)} rows reference missing rows "
                             f"(first: {tuple(fk[0])})")
+        store = s.scalars(select(StoreRow)).one()
+        if text_checksum(store.config_json) != store.config_checksum:
+            problems.append(f"catalog {cat.path}: the stored config fails its checksum")
         seqs = {r.id: r for r in s.scalars(select(SequenceRow))}
+        problems += [f"catalog {cat.path}: the row of sequence {q.id} ({q.name!r}) fails its "
+                     "checksum" for q in seqs.values() if sequence_checksum(q) != q.checksum]
         layers = {r.id: r for r in s.scalars(select(LayerRow))}
         files = {r.id: r for r in s.scalars(select(FileRow))}
         segs = s.scalars(select(SegmentRow).order_by(SegmentRow.layer_id,

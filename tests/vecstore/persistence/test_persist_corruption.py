@@ -124,3 +124,17 @@ def test_damaged_catalog_is_named(tmp_path, damage):
                 for layer in range(2):
                     store.sequence(name).query(layer, torch.randn(4, 1, 8).half())
             store.verify()
+
+
+@pytest.mark.parametrize("old,new", [(b'"retrieval_budget": 0.3', b'"retrieval_budget": 0.9'),
+                                     (b"model-x", b"model-y")])
+def test_changed_config_or_sequence_row_is_caught(tmp_path, old, new):
+    """Edits SQLite cannot see (a config value, a model fingerprint) break a row checksum."""
+    path = tmp_path / "s"
+    built_copy(path)
+    catalog = path / "catalog.sqlite"
+    data = catalog.read_bytes()
+    assert data.count(old) == 1
+    catalog.write_bytes(data.replace(old, new))
+    with pytest.raises(CorruptionError, match=re.escape(str(catalog)) + ".*fails its checksum"):
+        Store.open(path, read_only=True)
