@@ -3,6 +3,7 @@ and a token-multiset view of a stored layer (segments keep rows in cluster order
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from functools import cache
@@ -101,6 +102,7 @@ def data_files(path: Path) -> list[Path]:
 @cache
 def _template() -> tuple[Path, tuple]:
     root = Path(tempfile.mkdtemp(prefix="vecstore-template-")) / "s"
+    atexit.register(shutil.rmtree, root.parent, True)
     return root, tuple(build(root))
 
 
