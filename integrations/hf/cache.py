@@ -152,6 +152,7 @@ class WaveCache(Cache):
         self.fingerprint = model_fingerprint(model)
         if resumed is not None:
             _check_sequence(resumed, shape, self.fingerprint)
+            _place(resumed, shape)
         seen = resumed.num_tokens if resumed is not None else 0
         super().__init__(layers=[WaveCacheLayer(self, i, seen) for i in range(shape.num_layers)])
         self._model = model
@@ -247,9 +248,12 @@ class WaveCache(Cache):
     def _create(self, batch: int) -> list[Sequence]:
         names = [self.name] if batch == 1 else [f"{self.name}.{b}" for b in range(batch)]
         s = self.shape
-        return [self.store.create(n, num_layers=s.num_layers, num_kv_heads=s.num_kv_heads,
+        seqs = [self.store.create(n, num_layers=s.num_layers, num_kv_heads=s.num_kv_heads,
                                   head_dim=s.head_dim, dtype=s.dtype,
                                   fingerprint=self.fingerprint) for n in names]
+        for seq in seqs:
+            _place(seq, s)
+        return seqs
 
     # -- inspection ----------------------------------------------------------------------
     @property
@@ -280,6 +284,13 @@ def _config_for(config: StoreConfig | Mapping[str, Any] | str | Path | None,
         cfg = dataclasses.replace(cfg, executor=dataclasses.replace(
             cfg.executor, device=str(shape.device)))
     return cfg
+
+
+def _place(seq: Sequence, shape: ModelShape) -> None:
+    """Keep each layer's state on the device its model layer runs on, so a model spread
+    over several GPUs never copies KV across devices during decode."""
+    if len(set(shape.layer_devices)) > 1:
+        seq.place(list(shape.layer_devices))
 
 
 def _check_sequence(seq: Sequence, shape: ModelShape, fingerprint: str) -> None:

@@ -197,6 +197,9 @@ class ModelShape:
         Parameter dtype (the KV dtype).
     device : torch.device
         Where the model's parameters live.
+    layer_devices : tuple[torch.device, ...]
+        The device each decoder layer's attention runs on (differs per layer for models
+        dispatched over several GPUs, e.g. by accelerate's ``device_map="auto"``).
     """
 
     num_layers: int
@@ -205,6 +208,7 @@ class ModelShape:
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    layer_devices: tuple[torch.device, ...]
 
 
 def model_shape(model: Any) -> ModelShape:
@@ -240,7 +244,19 @@ def model_shape(model: Any) -> ModelShape:
     return ModelShape(num_layers=config.num_hidden_layers,
                       num_q_heads=config.num_attention_heads,
                       num_kv_heads=config.num_key_value_heads, head_dim=head_dim,
-                      dtype=param.dtype, device=param.device)
+                      dtype=param.dtype, device=param.device,
+                      layer_devices=tuple(_execution_device(m) for m in sorted(
+                          modules, key=lambda m: m.layer_idx)))
+
+
+def _execution_device(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its weights' device, or accelerate's execution device
+    when the weights are offloaded (kept on ``meta`` until the forward pass)."""
+    device = next(module.parameters()).device
+    hook = getattr(module, "_hf_hook", None)
+    if device.type == "meta" and getattr(hook, "execution_device", None) is not None:
+        return torch.device(hook.execution_device)
+    return device
 
 
 def model_fingerprint(model: PreTrainedModel) -> str:
