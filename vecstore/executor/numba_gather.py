@@ -23,6 +23,8 @@ __all__ = ["Gathered", "gather_clusters"]
 
 _Array = npt.NDArray[Any]
 # same-width integer views: numpy has no bfloat16
+# below this many bytes a gather runs on one thread
+_PARALLEL_BYTES = 4 << 20
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
@@ -127,8 +129,15 @@ def gather_clusters(
             )
     filled = np.empty(num_heads, dtype=np.int64)
     bits = _BITS[store.dtype]
-    _gather(store.view(bits).numpy(), starts.contiguous().numpy(),
-            lengths.contiguous().numpy(), out.view(bits).numpy(), filled)
+    # waking worker threads costs milliseconds on a busy machine: small gathers run on one
+    threads = numba.get_num_threads()
+    if need * num_heads * dim * store.element_size() < _PARALLEL_BYTES:
+        numba.set_num_threads(1)
+    try:
+        _gather(store.view(bits).numpy(), starts.contiguous().numpy(),
+                lengths.contiguous().numpy(), out.view(bits).numpy(), filled)
+    finally:
+        numba.set_num_threads(threads)
     return Gathered(out, torch.from_numpy(filled))
 
 

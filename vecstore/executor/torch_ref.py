@@ -7,6 +7,7 @@ import torch
 from vecstore.config import LayerConfig
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.merge import attend, merge
+from vecstore.executor.numba_gather import gather_clusters
 from vecstore.executor.plan import QueryPlan, make_plan
 from vecstore.index.base import Index, IndexView
 from vecstore.types import QueryStats
@@ -18,15 +19,25 @@ def gather_units(view: IndexView, ids: torch.Tensor) -> tuple[torch.Tensor, torc
                                                                  torch.Tensor]:
     """Gather the rows of units ``ids`` (``[B, Hkv, R]``, -1 = none) back to back.
 
+    On the CPU the copy is Numba's parallel block gather; elsewhere a torch gather.
     Returns keys and values ``[B, Hkv, M, D]`` and a validity mask ``[B, Hkv, M]``.
     """
     B, H, R = ids.shape
     N, D = view.keys.shape[2:]
     safe = ids.clamp_min(0)
-    starts = torch.gather(view.offsets, -1, safe).reshape(-1)  # [B*H*R]
-    lens = (torch.gather(view.sizes, -1, safe) * (ids >= 0)).reshape(-1)
-    per_head = lens.reshape(B * H, R).sum(-1)  # [B*H]
+    starts = torch.gather(view.offsets, -1, safe)  # [B, H, R]
+    lens = torch.gather(view.sizes, -1, safe) * (ids >= 0)
+    per_head = lens.sum(-1).reshape(B * H)
     M = int(per_head.max()) if per_head.numel() else 0
+    valid = (torch.arange(M, device=ids.device) < per_head[:, None]).reshape(B, H, M)
+    if view.keys.device.type == "cpu":
+        rows = (starts.reshape(B * H, R), lens.reshape(B * H, R))
+        k = gather_clusters(view.keys.reshape(B * H, N, D), *rows,
+                            out=view.keys.new_zeros(B * H, M, D)).out
+        v = gather_clusters(view.values.reshape(B * H, N, D), *rows,
+                            out=view.values.new_zeros(B * H, M, D)).out
+        return k.reshape(B, H, M, D), v.reshape(B, H, M, D), valid
+    starts, lens = starts.reshape(-1), lens.reshape(-1)
     total = int(lens.sum())
     dev = ids.device
     unit_of = torch.repeat_interleave(torch.arange(B * H * R, device=dev), lens)  # [total]
@@ -36,13 +47,11 @@ def gather_units(view: IndexView, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     head_base = torch.cumsum(per_head, 0) - per_head
     slot = torch.arange(total, device=dev) - head_base[head]
     index = torch.zeros(B * H, M, dtype=torch.long, device=dev)
-    valid = torch.zeros(B * H, M, dtype=torch.bool, device=dev)
     index[head, slot] = row
-    valid[head, slot] = True
     gidx = index[..., None].expand(-1, -1, D)
     k = torch.gather(view.keys.reshape(B * H, N, D), 1, gidx)
     v = torch.gather(view.values.reshape(B * H, N, D), 1, gidx)
-    return k.reshape(B, H, M, D), v.reshape(B, H, M, D), valid.reshape(B, H, M)
+    return k.reshape(B, H, M, D), v.reshape(B, H, M, D), valid
 
 
 def estimate_units(view: IndexView, ids: torch.Tensor, q: torch.Tensor,
