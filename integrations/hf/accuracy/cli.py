@@ -1,8 +1,9 @@
 """Command line of the accuracy harness: ``python benchmarks/accuracy.py [options]``.
 
 Fidelity runs first, then the tasks from the longest length down, so that an interrupted
-run has the numbers that matter most. Every answered sample is appended to
-``<out>/<name>.runs.jsonl``; ``--resume`` skips samples already there.
+run has the numbers that matter most. Fidelity records go to ``<out>/<name>.fidelity.jsonl``
+and every answered sample is appended to ``<out>/<name>.runs.jsonl``; ``--resume`` reuses
+both (e.g. to add seeds) and answers only what is missing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         "SmolLM2-135M-Instruct."))
     p.add_argument("--lengths", type=int, nargs="+", default=[8000, 4096, 2048],
                    help="prompt lengths in tokens (8000 leaves room for answers in 8192)")
-    p.add_argument("--seeds", type=int, default=1, help="samples per task and length")
+    p.add_argument("--seeds", type=int, nargs="+", default=[3, 1, 1],
+                   help="samples per task: one count for every length, or one per length")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--budget", type=float, default=0.018,
@@ -69,7 +71,12 @@ def _load_done(path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the harness; returns 0 (results are written to ``--out``)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if len(args.seeds) not in (1, len(args.lengths)):
+        parser.error(f"--seeds: give 1 count or {len(args.lengths)} (one per length)")
+    seeds = dict(zip(args.lengths, args.seeds * len(args.lengths)
+                     if len(args.seeds) == 1 else args.seeds, strict=True))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,22 +88,27 @@ def main(argv: list[str] | None = None) -> int:
         with args.config.open("rb") as fh:
             base = tomllib.load(fh)
 
-    fidelity_samples = [make_sample(t, args.fidelity_length, 0, tokenizer)
-                        for t in args.fidelity_tasks]
-    fidelity = [f.to_dict() for f in tqdm(
-        run_fidelity(model, tokenizer, fidelity_samples, ["full", *methods], args.budget,
-                     num_queries=args.fidelity_queries, base=base),
-        desc="fidelity", unit="layer", total=len(fidelity_samples) * (len(methods) + 1)
-        * model.config.num_hidden_layers)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    fidelity_path = args.out / f"{args.name}.fidelity.jsonl"
+    fidelity = _load_done(fidelity_path) if args.resume else []
+    wanted = {(t, m) for t in args.fidelity_tasks for m in ["full", *methods]}
+    if {(r["task"], r["method"]) for r in fidelity} != wanted:
+        fidelity_samples = [make_sample(t, args.fidelity_length, 0, tokenizer)
+                            for t in args.fidelity_tasks]
+        fidelity = [f.to_dict() for f in tqdm(
+            run_fidelity(model, tokenizer, fidelity_samples, ["full", *methods], args.budget,
+                         num_queries=args.fidelity_queries, base=base),
+            desc="fidelity", unit="layer", total=len(fidelity_samples) * (len(methods) + 1)
+            * model.config.num_hidden_layers)]
+        fidelity_path.write_text("".join(json.dumps(f) + "\n" for f in fidelity))
 
     runs_path = args.out / f"{args.name}.runs.jsonl"
-    args.out.mkdir(parents=True, exist_ok=True)
     results = _load_done(runs_path) if args.resume else []
     if not args.resume:
         runs_path.write_text("")
     done = {(r["task"], r["length"], r["seed"], r["method"], r["budget"]) for r in results}
     plan = [(length, task, seed) for length in sorted(args.lengths, reverse=True)
-            for seed in range(args.seeds) for task in args.tasks]
+            for seed in range(seeds[length]) for task in args.tasks]
     for length, task, seed in tqdm(plan, desc="samples", unit="sample"):
         swept = length == args.sweep_length and task in args.sweep_tasks and seed == 0
         runs = [r for r in plan_runs(args.methods, args.budget, args.sweep_methods,

@@ -91,7 +91,9 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any], settings: dict[str, 
              f"`{json.dumps(settings)}`.", "",
              f"Scores are RULER's `string_match_all` (share of expected strings in the greedy "
              f"answer), averaged over seeds. Sparse methods run at retrieval budget "
-             f"{settings['budget']} (units of ~16 tokens; `topk_oracle` units are tokens); "
+             f"{settings['budget']} (a fraction of index units: clusters of "
+             f"`index.tokens_per_cluster` tokens, 16 by default, pages of 16 tokens, or single "
+             f"tokens for `topk_oracle`); "
              f"*exact* is the measured share of the context read exactly per decode step "
              f"(steady zone + retrieved), *est.* the softmax mass carried by estimation.", ""]
     for length, methods in summary["by_length"].items():
