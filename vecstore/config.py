@@ -15,15 +15,13 @@ True
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vecstore.config_parse import layers_from, reject_unknown, section_from
 from vecstore.errors import ConfigError
 
 __all__ = [
@@ -309,13 +307,13 @@ class StoreConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
         sections = {f.name: f for f in dataclasses.fields(cls)}
-        _reject_unknown(data, sections, "")
+        reject_unknown(data, sections, "")
         kwargs: dict[str, Any] = {}
         for name, value in data.items():
             if name == "layers":
-                kwargs["layers"] = _layers_from(value)
+                kwargs["layers"] = layers_from(value, LayerOverride)
             else:
-                kwargs[name] = _section_from(_SECTIONS[name], value, name)
+                kwargs[name] = section_from(_SECTIONS[name], value, name)
         return cls(**kwargs)
 
     @classmethod
@@ -349,72 +347,6 @@ _SECTIONS: dict[str, type] = {
     "executor": ExecutorConfig,
     "kvstore": KVStoreConfig,
 }
-
-
-def _reject_unknown(data: Mapping[str, Any], known: Mapping[str, Any], prefix: str) -> None:
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
-
-
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (types.UnionType, typing.Union):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, args[0], key)
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    return value
-
-
-def _section_from(cls: type, value: Any, prefix: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{prefix}: expected a table of settings, got {value!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _reject_unknown(value, fields, f"{prefix}.")
-    hints = typing.get_type_hints(cls)
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in value.items()}
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        msg = str(exc)
-        raise ConfigError(msg.replace("layers.*", prefix) if prefix.startswith("layers")
-                          else msg) from None
-
-
-def _layers_from(value: Any) -> dict[int, LayerOverride]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"layers: expected a table keyed by layer index, got {value!r}")
-    out: dict[int, LayerOverride] = {}
-    for key, override in value.items():
-        try:
-            layer = int(key)
-        except (TypeError, ValueError):
-            raise ConfigError(f"layers.{key}: layer keys must be integers") from None
-        if layer < 0:
-            raise ConfigError(f"layers.{key}: layer keys must be >= 0")
-        out[layer] = _section_from(LayerOverride, override, f"layers.{key}")
-    return out
 
 
 def load_config(config: StoreConfig | Mapping[str, Any] | str | Path | None) -> StoreConfig:
