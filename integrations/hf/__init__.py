@@ -1,7 +1,9 @@
 """vecstore for Hugging Face transformers 5.x.
 
->>> from integrations.hf import WaveCache                                # doctest: +SKIP
->>> out = model.generate(ids, past_key_values=WaveCache(None, model))   # doctest: +SKIP
+Usage, for a loaded Llama-family ``model`` and its ``input_ids``::
+
+    from integrations.hf import WaveCache
+    out = model.generate(input_ids, past_key_values=WaveCache(None, model))
 
 - :class:`WaveCache`: a ``transformers.Cache`` backed by a vecstore store; creating one
   switches the model to vecstore's attention until it is closed.
