@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -199,18 +198,10 @@ class Sequence:
         self._store.check_open()
 
 
-def _bad_q(q: object) -> torch.Tensor:
-    if isinstance(q, torch.Tensor):
-        raise ShapeError(f"q: expected shape (Hq, L, D), got {tuple(q.shape)}")
-    raise ShapeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
-
-
 def _as_batch(q: object) -> torch.Tensor:
-    if isinstance(q, torch.Tensor) and q.dim() == 3:
-        return q[None]
-    return _bad_q(q)
-
-
-def default_scale(head_dim: int) -> float:
-    """The usual softmax scale ``1/sqrt(head_dim)``."""
-    return 1.0 / math.sqrt(head_dim)
+    """``q [Hq, L, D]`` as a one-row batch, or a ShapeError naming what was given."""
+    if not isinstance(q, torch.Tensor):
+        raise ShapeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 3:
+        raise ShapeError(f"q: expected shape (Hq, L, D), got {tuple(q.shape)}")
+    return q[None]
