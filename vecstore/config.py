@@ -193,12 +193,16 @@ class KVStoreConfig:
     Attributes
     ----------
     kind : str
-        ``memory`` (tensors on the executor's device) or ``pinned`` (host memory,
-        fetched through the block cache).
+        ``memory`` (each layer's indexed rows on its device) or ``pinned`` (in pinned
+        host memory, fetched through the block cache). Index metadata and the steady
+        zone stay on the layer's device either way.
     pinned_budget_gb : float
-        Upper bound on pinned host memory; 0 means unbounded.
+        Upper bound on pinned host memory for the rows of kind ``pinned``; 0 means
+        unbounded.
     gpu_budget_gb : float
-        Upper bound on GPU memory for the cache and buffers; 0 means unbounded.
+        Upper bound, per device, on the memory of rows of kind ``memory``, the index
+        metadata, and the wave buffers' block caches and execution buffers; 0 means
+        unbounded.
     """
 
     kind: str = "memory"
@@ -206,6 +210,8 @@ class KVStoreConfig:
     gpu_budget_gb: float = 0.0
 
     def __post_init__(self) -> None:
+        _check(self.kind in ("memory", "pinned"), "kvstore.kind",
+               f"must be 'memory' or 'pinned', got {self.kind!r}")
         _check(self.pinned_budget_gb >= 0, "kvstore.pinned_budget_gb", "must be >= 0")
         _check(self.gpu_budget_gb >= 0, "kvstore.gpu_budget_gb", "must be >= 0")
 

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vecstore.config import StoreConfig
 from vecstore.index.base import Index, IndexView, Segment
+from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
+from vecstore.kvstore.placement import Placement
 
 __all__ = ["LayerState"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Image:
+    """A layer's indexed part as placed: rows in the tier, metadata on the layer's device."""
+
+    segments: list[Segment]  # rows and metadata are slices of the tensors below
+    rows: StoredRows
+    tier: KVStore
+    account: MemoryAccount  # charged ``meta_bytes`` for the metadata
+    meta_bytes: int
+    view: IndexView
 
 
 class LayerState:
@@ -17,10 +33,19 @@ class LayerState:
     and whenever the tail exceeds ``window_tokens + update_tokens`` all but its last
     ``window_tokens`` are indexed into new segments. Sinks and the tail form the exact
     steady zone.
+
+    With a ``placement`` (what a store gives), the indexed rows of all segments are one
+    cluster-contiguous ``[Hkv, N, D]`` allocation in the store's tier (the layer's device
+    for ``kvstore.kind = "memory"``, host memory for ``"pinned"``), and their metadata one
+    allocation per tensor on the layer's device; each segment holds slices of them and the
+    layer's index view is them, without a copy. Both are charged to their budgets before
+    anything changes, so a budget too small raises
+    :class:`~vecstore.errors.CapacityError` and leaves the layer as it was.
     """
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, index: Index, config: StoreConfig) -> None:
+                 device: torch.device, index: Index, config: StoreConfig, *,
+                 placement: Placement | None = None, label: str = "") -> None:
         empty = torch.empty(num_kv_heads, 0, head_dim, dtype=dtype, device=device)
         self.sink_keys, self.sink_values = empty, empty
         self.pending_keys, self.pending_values = empty, empty
@@ -28,8 +53,12 @@ class LayerState:
         self.device = torch.device(device)
         self.index = index
         self.config = config
+        self.placement = placement
+        self.label = label or "a layer"
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.version = 0  # bumped whenever segments change
         self._view: IndexView | None = None
+        self._image: _Image | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -40,48 +69,75 @@ class LayerState:
     def num_indexed(self) -> int:
         return sum(s.num_tokens for s in self.segments)
 
+    @property
+    def rows(self) -> StoredRows | None:
+        """The placed rows of every segment (``None`` before the first, or unplaced)."""
+        return None if self._image is None else self._image.rows
+
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> list[Segment]:
         """Add ``[Hkv, T, D]`` tokens; returns the segments this append created."""
         a = self.config.attention
-        room = a.sink_tokens - self.sink_keys.shape[1]
+        sink_keys, sink_values = self.sink_keys, self.sink_values
+        room = a.sink_tokens - sink_keys.shape[1]
         if room > 0:
-            self.sink_keys = torch.cat([self.sink_keys, keys[:, :room]], dim=1)
-            self.sink_values = torch.cat([self.sink_values, values[:, :room]], dim=1)
+            sink_keys = torch.cat([sink_keys, keys[:, :room]], dim=1)
+            sink_values = torch.cat([sink_values, values[:, :room]], dim=1)
             keys, values = keys[:, room:], values[:, room:]
-        self.pending_keys = torch.cat([self.pending_keys, keys], dim=1)
-        self.pending_values = torch.cat([self.pending_values, values], dim=1)
-        ready = self.pending_keys.shape[1] - a.window_tokens
-        if ready < a.update_tokens:
-            return []
-        start = self.sink_keys.shape[1] + self.num_indexed
-        new = self.index.build(self.pending_keys[:, :ready], self.pending_values[:, :ready], start)
-        self.pending_keys = self.pending_keys[:, ready:].contiguous()
-        self.pending_values = self.pending_values[:, ready:].contiguous()
-        self.add_segments(new)
+        pending_keys = torch.cat([self.pending_keys, keys], dim=1)
+        pending_values = torch.cat([self.pending_values, values], dim=1)
+        ready = pending_keys.shape[1] - a.window_tokens
+        new: list[Segment] = []
+        image = None
+        if ready >= a.update_tokens:
+            start = sink_keys.shape[1] + self.num_indexed
+            new = self.index.build(pending_keys[:, :ready], pending_values[:, :ready], start)
+            pending_keys = pending_keys[:, ready:].contiguous()
+            pending_values = pending_values[:, ready:].contiguous()
+            image = self._place(self.segments + new)  # may raise: nothing changed yet
+        self.sink_keys, self.sink_values = sink_keys, sink_values
+        self.pending_keys, self.pending_values = pending_keys, pending_values
+        if new:
+            self._install(self.segments + new, image)
+            new = self.segments[-len(new):]
         return new
 
     def add_segments(self, segments: list[Segment]) -> None:
-        """Attach already-built segments (appends and reopened stores)."""
-        self.segments.extend(segments)
-        self.version += 1
-        self._view = None
+        """Attach already-built segments (appends and reopened stores); with a placement
+        their rows are copied into the tier (:class:`CapacityError` changes nothing).
+
+        ``add_segments([])`` after ``segments`` was cut back (a rollback) only drops the
+        cached view; the layer is placed again when next viewed.
+        """
+        if not segments:
+            self._install(self.segments, None, keep=True)
+            return
+        everything = self.segments + list(segments)
+        self._install(everything, self._place(everything))
 
     def to(self, device: torch.device) -> None:
-        """Move every tensor of the layer to ``device`` (loading it first if lazy)."""
+        """Move every tensor of the layer to ``device`` (loading it first if lazy).
+
+        Placed rows follow the tier: they move with the layer for ``memory`` and stay in
+        host memory for ``pinned``.
+        """
         device = torch.device(device)
         if device == self.device:
             return
+        segments = self.segments
+        image = None
+        if self.placement is not None and segments:
+            image = self._place(segments, device)  # may raise: nothing changed yet
+        else:
+            segments = [
+                Segment(s.start, s.end, s.keys.to(device), s.values.to(device),
+                        s.offsets.to(device), {k: v.to(device) for k, v in s.meta.items()})
+                for s in segments
+            ]
         self.sink_keys, self.sink_values = self.sink_keys.to(device), self.sink_values.to(device)
         self.pending_keys = self.pending_keys.to(device)
         self.pending_values = self.pending_values.to(device)
-        self.segments = [
-            Segment(s.start, s.end, s.keys.to(device), s.values.to(device),
-                    s.offsets.to(device), {k: v.to(device) for k, v in s.meta.items()})
-            for s in self.segments
-        ]
         self.device = device
-        self.version += 1
-        self._view = None
+        self._install(segments, image)
 
     def steady(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``[Hkv, S, D]`` keys and values of the steady zone (sinks, then the tail)."""
@@ -90,8 +146,119 @@ class LayerState:
 
     def view(self) -> IndexView | None:
         """The indexed segments as a ``B = 1`` view, cached until they change."""
-        if not self.segments:
+        segments = self.segments
+        if (self.placement is not None and (segments or self._image is not None)
+                and not self._is_placed(segments)):
+            # loaded lazily or rolled back: place (or re-place) what the layer holds now
+            if self._image is not None:
+                # return the old allocation first, so a smaller one always fits; the
+                # segments keep its tensors readable until the new one is installed
+                self._free(self._image)
+                self._image = None
+            self._install(segments, self._place(segments))
+        if not segments:
             return None
         if self._view is None:
-            self._view = IndexView.from_segments(self.segments)
+            self._view = IndexView.from_segments(segments)
         return self._view
+
+    def release(self, *, forget: bool = True) -> None:
+        """Return the placed rows and metadata to their budgets (the sequence was dropped,
+        or the store closed); never loads a lazy layer.
+
+        With ``forget`` the layer also lets go of its segments, so their memory is freed;
+        without, the tensors stay readable (unaccounted, and no longer pinned).
+        """
+        image = self._image
+        if image is not None:
+            self._image = None
+            self._free(image)
+            if self._view is not None and self.placement is not None:
+                self.placement.retire_view(self._view)
+            if forget:
+                self.segments = []
+                self._view = None
+                self.version += 1
+
+    # -- placement -----------------------------------------------------------------------
+    def _is_placed(self, segments: list[Segment]) -> bool:
+        image = self._image
+        return (image is not None and len(image.segments) == len(segments)
+                and all(a is b for a, b in zip(image.segments, segments, strict=True)))
+
+    def _place(self, segments: list[Segment], device: torch.device | None = None,
+               ) -> _Image | None:
+        """Place ``segments``' rows and metadata for the layer on ``device``; charges the
+        budgets (raising :class:`CapacityError`) before allocating. Changes nothing."""
+        placement = self.placement
+        if placement is None or not segments:
+            return None
+        dev = self.device if device is None else torch.device(device)
+        H, D = self.num_kv_heads, self.head_dim
+        N = sum(s.num_tokens for s in segments)
+        tier = placement.tier(dev)
+        what = f"{self.label} ({len(segments)} segments, {N} tokens)"
+        old = self._image
+        # moving a placed layer between devices keeps rows whose tier does not change
+        reuse = old is not None and old.tier is tier and self._is_placed(segments)
+        rows = old.rows if reuse and old is not None else tier.allocate(
+            (H, N, D), self.dtype, f"the rows of {what}")
+        account = placement.device_account(dev)
+        units = sum(s.num_units for s in segments)
+        meta_bytes = (sum(_nbytes(v) for s in segments for v in s.meta.values())
+                      + sum(_nbytes(s.offsets) for s in segments) + 8 * H * (2 * units + 1))
+        try:
+            account.charge(meta_bytes, f"the index metadata of {what}")
+        except BaseException:
+            if not reuse:
+                tier.free(rows)
+            raise
+        # copy: nothing below fails for lack of budget
+        meta = {k: torch.cat([s.meta[k].to(dev) for s in segments], dim=1)
+                for k in segments[0].meta}
+        placed, parts, base, ubase = [], [segments[0].offsets[:, :1].to(dev)], 0, 0
+        for s in segments:
+            n, u = s.num_tokens, s.num_units
+            k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
+            if not reuse:
+                k.copy_(s.keys)
+                v.copy_(s.values)
+            offsets = s.offsets.to(dev)
+            parts.append(offsets[:, 1:] + base)
+            placed.append(Segment(s.start, s.end, k, v, offsets,
+                                  {key: t[:, ubase:ubase + u] for key, t in meta.items()}))
+            base += n
+            ubase += u
+        view_offsets = torch.cat(parts, dim=1)
+        view = IndexView(keys=rows.keys[None], values=rows.values[None],
+                         offsets=view_offsets[None], sizes=view_offsets.diff(dim=-1)[None],
+                         meta={key: t[None] for key, t in meta.items()},
+                         num_units=torch.tensor([units]))
+        return _Image(placed, rows, tier, account, meta_bytes, view)
+
+    def _install(self, segments: list[Segment], image: _Image | None, *,
+                 keep: bool = False) -> None:
+        """Make ``segments`` (or ``image``, their placed form) the layer's and free the old
+        image, unless ``keep`` (it stays charged until the layer is placed again)."""
+        old, old_view = self._image, self._view
+        if image is not None:
+            self.segments, self._view = image.segments, image.view
+        else:
+            self.segments, self._view = segments, None
+        if not keep:
+            self._image = image
+            if old is not None:
+                self._free(old, keep_rows=image is not None and image.rows is old.rows)
+        if old_view is not None and old_view is not self._view and self.placement is not None:
+            self.placement.retire_view(old_view)
+        self.version += 1
+
+    @staticmethod
+    def _free(image: _Image, *, keep_rows: bool = False) -> None:
+        if not keep_rows:
+            image.tier.free(image.rows)
+        image.account.release(image.meta_bytes)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

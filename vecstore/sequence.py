@@ -47,7 +47,8 @@ class Sequence:
         self.fingerprint = fingerprint
         self.is_dropped = False
         self.layers = [
-            LayerState(num_kv_heads, head_dim, dtype, device, store.index_for(layer), store.config)
+            LayerState(num_kv_heads, head_dim, dtype, device, store.index_for(layer), store.config,
+                       placement=store.placement, label=f"layer {layer} of sequence {name!r}")
             for layer in range(num_layers)
         ]
 
@@ -191,6 +192,13 @@ class Sequence:
     def view(self, layer: int) -> IndexView | None:
         """The indexed units of ``layer`` (``None`` before the first segment)."""
         return self.layers[layer].view()
+
+    def release(self, *, forget: bool = True) -> None:
+        """Return every layer's placed rows and metadata to the store's budgets (called
+        once a drop of the sequence has committed, ``forget``ting its data, or when the
+        store closes, keeping it readable)."""
+        for state in self.layers:
+            state.release(forget=forget)
 
     def _check_alive(self) -> None:
         if self.is_dropped:

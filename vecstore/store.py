@@ -14,10 +14,12 @@ from typing import Any
 import torch
 
 from vecstore.batch import BatchViews, stack_steady
+from vecstore.buffer.budget import charging
 from vecstore.checks import check_finite, check_index, check_tensor, parse_dtype
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
+    CapacityError,
     InvalidValueError,
     NotFoundError,
     ReadOnlyError,
@@ -26,7 +28,9 @@ from vecstore.errors import (
     StoreClosedError,
 )
 from vecstore.executor.base import EXECUTORS, Executor
-from vecstore.index.base import INDEXES, Index
+from vecstore.index.base import INDEXES, Index, IndexView
+from vecstore.kvstore.base import MemoryAccount
+from vecstore.kvstore.placement import Placement
 from vecstore.sequence import Sequence
 from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
 from vecstore.storage.persistence import Persistence
@@ -73,6 +77,8 @@ class Store:
         self._batch_views = BatchViews()
         self._persistence = persistence
         self._txn: Transaction | None = None
+        self.placement = Placement(config.kvstore, retire_view=self._retire_view)
+        self._stacked: dict[int, IndexView] = {}  # the last B > 1 view queried per layer
         for kind in {config.index.kind, "flat"}:
             self._indexes[kind] = INDEXES.get(kind)(config)
 
@@ -120,6 +126,7 @@ class Store:
         try:
             store = cls(cfg, persistence.layout.root, persistence=persistence)
             store._seqs.update(persistence.attach(store))
+            store._check_budgets()
         except BaseException:
             persistence.close()
             raise
@@ -137,8 +144,11 @@ class Store:
         Changes of a transaction still open are discarded.
         """
         with self._lock:
+            if not self._closed:
+                self._release_views()
+                for seq in self._seqs.values():
+                    seq.release(forget=False)
             self._closed = True
-            self._batch_views.clear()
             if self._persistence is not None:
                 self._persistence.close()
 
@@ -191,10 +201,13 @@ class Store:
                     self._persistence.commit(txn, self)
             except BaseException:
                 txn.rollback(self._seqs)
-                self._batch_views.clear()
+                self._release_views()
                 raise
             finally:
                 self._txn = None
+            for kind, seq in txn.events:  # committed: a dropped sequence's memory goes back
+                if kind == "drop" and seq.is_dropped:
+                    seq.release()
 
     # -- catalog -------------------------------------------------------------------------
     def create(self, name: str, *, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -256,7 +269,7 @@ class Store:
             seq = self.sequence(name)
             del self._seqs[name]
             seq.is_dropped = True
-            self._batch_views.clear()
+            self._release_views()
             self._current_txn().dropped(seq)
 
     # -- maintenance ---------------------------------------------------------------------
@@ -381,9 +394,56 @@ class Store:
         q = q.to(seqs[0].layers[layer].device)
         steady = stack_steady(seqs, layer)
         view = self._batch_views.view(seqs, layer)
-        out, lse, stats = self._executor.run(self.index_for(layer), view, steady, q, scale,
-                                             self.config.for_layer(layer))
+        if len(seqs) > 1 and view is not None:
+            old = self._stacked.get(layer)
+            if old is not None and old is not view:
+                self._retire_view(old)  # the batch cache keeps one stacked view per layer
+            self._stacked[layer] = view
+        # wave buffers an executor builds here charge kvstore.gpu_budget_gb up front
+        with charging(self.placement.device_account):
+            out, lse, stats = self._executor.run(self.index_for(layer), view, steady, q,
+                                                 scale, self.config.for_layer(layer))
         return QueryResult(out=out, lse=lse, stats=stats)
+
+    # -- memory --------------------------------------------------------------------------
+    def memory(self) -> dict[str, tuple[int, int, int]]:
+        """Bytes ``(in use, at peak, budget)`` of every memory budget in use, by name
+        (``kvstore.pinned_budget_gb``, ``kvstore.gpu_budget_gb on <device>``; budget 0 =
+        unbounded)."""
+        return {name: (a.used_bytes, a.peak_bytes, a.budget_bytes)
+                for name, a in self.placement.accounts().items()}
+
+    def _retire_view(self, view: IndexView) -> None:
+        """Let the executor free what it prepared for ``view`` (its wave buffer: GPU
+        memory charged to ``kvstore.gpu_budget_gb``), if it can."""
+        release = getattr(self._executor, "release_view", None)
+        if release is not None:
+            release(view)
+
+    def _release_views(self) -> None:
+        for view in self._stacked.values():
+            self._retire_view(view)
+        self._stacked.clear()
+        self._batch_views.clear()
+
+    def _check_budgets(self) -> None:
+        """Refuse, at open, a store whose indexed rows cannot fit the KV tier's budget."""
+        need: dict[str, int] = {}
+        accounts: dict[str, MemoryAccount] = {}
+        for seq in self._seqs.values():
+            per_token = 2 * seq.num_kv_heads * seq.head_dim * seq.dtype.itemsize
+            for state in seq.layers:
+                acct = self.placement.tier(state.device).account
+                accounts[acct.name] = acct
+                need[acct.name] = need.get(acct.name, 0) + state.num_indexed * per_token
+        for name, num_bytes in need.items():
+            acct = accounts[name]
+            if acct.budget_bytes and num_bytes > acct.budget_bytes:
+                raise CapacityError(
+                    f"{name}: the indexed rows of this store's {len(self._seqs)} sequences "
+                    f"need {num_bytes} bytes ({num_bytes / 2**30:.3g} GiB), over the budget "
+                    f"of {acct.budget_bytes} ({acct.budget_bytes / 2**30:.3g} GiB); raise "
+                    "the budget")
 
 
 def _check_name(name: object) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
+from vecstore.buffer.budget import account_for
 from vecstore.kvstore.base import MemoryAccount
 
 if TYPE_CHECKING:
@@ -82,7 +83,9 @@ class WaveBuffer:
     policy : str
         Replacement policy name (:data:`vecstore.cache.POLICIES`).
     account : MemoryAccount, optional
-        GPU budget charged for the cache and buffers; checked before allocating.
+        GPU budget charged for the cache and buffers; checked before allocating. Without
+        one, the account of the enclosing :func:`vecstore.buffer.budget.charging` block
+        (the store's ``kvstore.gpu_budget_gb`` for ``device``), if any.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, *, num_clusters: int,
@@ -97,8 +100,12 @@ class WaveBuffer:
         row_bytes = 2 * dim * keys.element_size()
         self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
                                  + 4 * (num_clusters + 1 + 2 * (num_slots + 1) + 3 * r_max))
-        if account is not None:
-            account.charge(self.num_bytes)  # before allocating: a clear error, not an OOM
+        if account is None:
+            account = account_for(device)
+        if account is not None:  # before allocating: a clear error, not an OOM
+            account.charge(self.num_bytes, f"a wave buffer (block cache of {num_slots} slots "
+                           f"x {slot_tokens} rows and execution buffer of {exec_rows} rows, "
+                           f"for {rows} KV rows)")
         self.account = account
         kw = {"device": device}
         self.cache_k = torch.empty(rows, num_slots * slot_tokens, dim, dtype=keys.dtype, **kw)

@@ -6,9 +6,10 @@ from vecstore.kvstore.base import MemoryAccount as MemoryAccount
 from vecstore.kvstore.base import StoredRows as StoredRows
 from vecstore.kvstore.gpu import GPUKVStore as GPUKVStore
 from vecstore.kvstore.pinned import PinnedKVStore as PinnedKVStore
+from vecstore.kvstore.placement import Placement as Placement
 
 __all__ = ["KVSTORES", "KVStore", "MemoryAccount", "StoredRows", "GPUKVStore", "PinnedKVStore",
-           "make_kvstore"]
+           "Placement", "make_kvstore"]
 
 
 def make_kvstore(kind: str, *, device: str = "cpu", budget_gb: float = 0.0) -> KVStore:

@@ -16,7 +16,7 @@ import torch
 from vecstore.errors import CapacityError
 from vecstore.registry import Registry
 
-__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "rows_bytes"]
+__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "rows_bytes", "shape_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +45,11 @@ class MemoryAccount:
     >>> acct.charge(60); acct.release(60); acct.charge(90)
     >>> acct.used_bytes, acct.peak_bytes
     (90, 90)
-    >>> acct.charge(20)  # doctest: +ELLIPSIS
+    >>> acct.charge(20, "layer 0")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    vecstore.errors.CapacityError: pinned: 20 more bytes exceed the budget of 100 (90 in use)...
+    vecstore.errors.CapacityError: pinned: layer 0 needs 20 more bytes (...), over the budget \
+of 100 (...) with 90 (...) in use; raise the budget
     """
 
     def __init__(self, budget_bytes: int, name: str) -> None:
@@ -61,12 +62,17 @@ class MemoryAccount:
         """Whether ``num_bytes`` more fit in the budget."""
         return self.budget_bytes == 0 or self.used_bytes + num_bytes <= self.budget_bytes
 
-    def charge(self, num_bytes: int) -> None:
-        """Account for ``num_bytes`` more, or raise :class:`CapacityError` and change nothing."""
+    def charge(self, num_bytes: int, what: str = "") -> None:
+        """Account for ``num_bytes`` more, or raise :class:`CapacityError` and change nothing.
+
+        ``what`` names the request in the error (e.g. ``"layer 3 of 'doc'"``).
+        """
         if not self.can_charge(num_bytes):
             raise CapacityError(
-                f"{self.name}: {num_bytes} more bytes exceed the budget of {self.budget_bytes} "
-                f"({self.used_bytes} in use); raise the budget")
+                f"{self.name}: {what or 'the request'} needs {num_bytes} more bytes "
+                f"({_gib(num_bytes)}), over the budget of {self.budget_bytes} "
+                f"({_gib(self.budget_bytes)}) with {self.used_bytes} "
+                f"({_gib(self.used_bytes)}) in use; raise the budget")
         self.used_bytes += num_bytes
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
@@ -83,6 +89,17 @@ class KVStore(Protocol):
     @property
     def account(self) -> MemoryAccount:
         """Bytes in use and at peak, and the budget."""
+        ...
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype,
+                 what: str = "") -> StoredRows:
+        """Uninitialised key and value tensors of ``shape`` in the tier.
+
+        Raises
+        ------
+        CapacityError
+            They do not fit in the budget; nothing is allocated.
+        """
         ...
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
@@ -106,4 +123,16 @@ KVSTORES: Registry[type] = Registry("kvstore")
 def rows_bytes(keys: torch.Tensor, values: torch.Tensor) -> int:
     """Bytes of a key and a value tensor."""
     return keys.numel() * keys.element_size() + values.numel() * values.element_size()
+
+
+def shape_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of a key and a value tensor of ``shape`` and ``dtype``."""
+    n = 1
+    for d in shape:
+        n *= d
+    return 2 * n * torch.empty((), dtype=dtype).element_size()
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.3g} GiB"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes, shape_bytes
 
 __all__ = ["GPUKVStore"]
 
@@ -19,6 +19,9 @@ class GPUKVStore:
         Where the rows live.
     budget_gb : float
         Bytes allowed, in GiB; 0 means unbounded.
+    account : MemoryAccount, optional
+        Charge this account instead of a new one of ``budget_gb`` (a store shares one
+        account per device between the rows, the index metadata and the wave buffers).
 
     Examples
     --------
@@ -30,17 +33,31 @@ class GPUKVStore:
     0
     """
 
-    def __init__(self, device: str | torch.device = "cpu", *, budget_gb: float = 0.0) -> None:
+    def __init__(self, device: str | torch.device = "cpu", *, budget_gb: float = 0.0,
+                 account: MemoryAccount | None = None) -> None:
         self.device = torch.device(device)
-        self._account = MemoryAccount(int(budget_gb * 2**30), f"{self.device.type} KV budget")
+        self._account = account or MemoryAccount(int(budget_gb * 2**30),
+                                                 f"kvstore.gpu_budget_gb on {self.device}")
 
     @property
     def account(self) -> MemoryAccount:
         return self._account
 
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype,
+                 what: str = "") -> StoredRows:
+        num_bytes = shape_bytes(shape, dtype)
+        self._account.charge(num_bytes, what)
+        try:
+            keys = torch.empty(shape, dtype=dtype, device=self.device)
+            values = torch.empty(shape, dtype=dtype, device=self.device)
+        except BaseException:
+            self._account.release(num_bytes)
+            raise
+        return StoredRows(keys, values, num_bytes)
+
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
         num_bytes = rows_bytes(keys, values)
-        self._account.charge(num_bytes)
+        self._account.charge(num_bytes, f"rows {tuple(keys.shape)}")
         return StoredRows(keys.to(self.device).contiguous(), values.to(self.device).contiguous(),
                           num_bytes)
 

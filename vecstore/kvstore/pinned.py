@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from vecstore.errors import CapacityError
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, shape_bytes
 
 __all__ = ["PinnedKVStore"]
 
@@ -32,37 +32,53 @@ class PinnedKVStore:
     >>> kv.store(torch.ones(1, 8, 1024, 4), torch.ones(1, 8, 1024, 4))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    vecstore.errors.CapacityError: pinned KV budget: 262144 more bytes exceed the budget of 1073...
+    vecstore.errors.CapacityError: kvstore.pinned_budget_gb: rows (1, 8, 1024, 4) needs 262144 ...
     """
 
     def __init__(self, *, budget_gb: float = 0.0) -> None:
-        self._account = MemoryAccount(int(budget_gb * 2**30), "pinned KV budget")
+        self._account = MemoryAccount(int(budget_gb * 2**30), "kvstore.pinned_budget_gb")
         self.is_pinned = torch.cuda.is_available()
+        self.device = torch.device("cpu")
 
     @property
     def account(self) -> MemoryAccount:
         return self._account
 
-    def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
-        num_bytes = rows_bytes(keys, values)
-        self._account.charge(num_bytes)
-        out = []
-        for x in (keys, values):
-            host = x.to("cpu", copy=True).contiguous()
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype,
+                 what: str = "") -> StoredRows:
+        num_bytes = shape_bytes(shape, dtype)
+        self._account.charge(num_bytes, what)
+        out: list[torch.Tensor] = []
+        try:
+            for _ in range(2):
+                host = torch.empty(shape, dtype=dtype)
+                if self.is_pinned and host.numel():
+                    # register in place: torch's pinned allocator would round each tensor up
+                    # to a power of two, nearly doubling the pinned memory of a large layer
+                    size = host.numel() * host.element_size()
+                    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)
+                    if int(err) != 0:
+                        raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {size} "
+                                            f"bytes (cudaHostRegister error {int(err)})")
+                out.append(host)
+        except BaseException:
             if self.is_pinned:
-                # register in place: torch's pinned allocator would round each tensor up to
-                # a power of two, nearly doubling the pinned memory of a large layer
-                size = host.numel() * host.element_size()
-                err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)
-                if int(err) != 0:
-                    self._account.release(num_bytes)
-                    raise CapacityError(f"pinned KV budget: could not pin {size} bytes "
-                                        f"(cudaHostRegister error {int(err)})")
-            out.append(host)
+                for x in out:
+                    if x.numel():
+                        torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
+            self._account.release(num_bytes)
+            raise
         return StoredRows(out[0], out[1], num_bytes)
+
+    def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
+        rows = self.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
+        rows.keys.copy_(keys)
+        rows.values.copy_(values)
+        return rows
 
     def free(self, rows: StoredRows) -> None:
         if self.is_pinned:
             for x in (rows.keys, rows.values):
-                torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
+                if x.numel():
+                    torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
         self._account.release(rows.num_bytes)

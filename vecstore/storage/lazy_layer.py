@@ -10,6 +10,7 @@ import torch
 
 from vecstore.config import StoreConfig
 from vecstore.index.base import Index, Segment
+from vecstore.kvstore.placement import Placement
 from vecstore.layer import LayerState
 
 __all__ = ["LoadedLayer", "LazyLayer"]
@@ -55,11 +56,13 @@ class LazyLayer(LayerState):
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device, index: Index, config: StoreConfig, *,
-                 loader: Callable[[], LoadedLayer], num_tokens: int, num_indexed: int) -> None:
+                 loader: Callable[[], LoadedLayer], num_tokens: int, num_indexed: int,
+                 placement: Placement | None = None, label: str = "") -> None:
         self._loader: Callable[[], LoadedLayer] | None = loader
         self._load_lock = threading.Lock()
         self._counts = (num_tokens, num_indexed)
-        super().__init__(num_kv_heads, head_dim, dtype, device, index, config)
+        super().__init__(num_kv_heads, head_dim, dtype, device, index, config,
+                         placement=placement, label=label)
 
     @property
     def is_loaded(self) -> bool:

@@ -149,7 +149,9 @@ class Persistence:
         return LazyLayer(rec.num_kv_heads, rec.head_dim, dtype, device,
                          store.index_for(lr.layer), store.config, loader=loader,
                          num_tokens=lr.num_tokens,
-                         num_indexed=sum(s.end - s.start for s in lr.segments))
+                         num_indexed=sum(s.end - s.start for s in lr.segments),
+                         placement=store.placement,
+                         label=f"layer {lr.layer} of sequence {rec.name!r}")
 
     def _load_layer(self, rec: SequenceRecord, lr: LayerRecord, dtype: torch.dtype,
                     device: torch.device) -> LoadedLayer:
@@ -172,7 +174,9 @@ class Persistence:
             seg = decode_segment(buf, str(path), SegmentShape(H, D, dtype, s.start, s.end,
                                                               s.num_units))
             if device.type != "cpu":
-                seg = type(seg)(seg.start, seg.end, seg.keys.to(device), seg.values.to(device),
+                # rows stay in the file mapping: the layer copies them into its KV tier
+                # (the device, or pinned host memory) when it is first viewed
+                seg = type(seg)(seg.start, seg.end, seg.keys, seg.values,
                                 seg.offsets.to(device),
                                 {k: v.to(device) for k, v in seg.meta.items()})
             segments.append(seg)

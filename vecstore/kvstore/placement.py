@@ -1,0 +1,98 @@
+"""A store's placement: which tier its indexed rows go to, and its budget accounts.
+
+``kvstore.kind = "memory"`` keeps every layer's rows on the layer's device; ``"pinned"`` puts
+them in (pinned, where CUDA is) host memory, charged to ``kvstore.pinned_budget_gb``. Either
+way the index metadata (centroids, value sums, sizes, offsets) and the steady zone stay on
+the layer's device. ``kvstore.gpu_budget_gb`` is one :class:`MemoryAccount` per device,
+charged by rows of kind ``memory``, the index metadata and the wave buffers (block cache and
+execution buffer) built there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vecstore.config import KVStoreConfig
+from vecstore.kvstore.base import KVStore, MemoryAccount
+from vecstore.kvstore.gpu import GPUKVStore
+from vecstore.kvstore.pinned import PinnedKVStore
+
+__all__ = ["Placement"]
+
+
+class Placement:
+    """Tiers and per-device accounts of one store.
+
+    Parameters
+    ----------
+    config : KVStoreConfig
+        Kind and budgets.
+    retire_view : callable, optional
+        Called with an index view that no query will use again (its layer grew, rolled
+        back or was dropped), so an executor can free what it prepared for it.
+
+    Examples
+    --------
+    >>> from vecstore.config import KVStoreConfig
+    >>> p = Placement(KVStoreConfig(kind="pinned", gpu_budget_gb=1.0))
+    >>> p.tier("cpu") is p.tier("cuda:0"), p.rows_device("cuda:0")
+    (True, device(type='cpu'))
+    >>> p.device_account("cpu").name
+    'kvstore.gpu_budget_gb on cpu'
+    """
+
+    def __init__(self, config: KVStoreConfig,
+                 retire_view: Callable[[Any], None] | None = None) -> None:
+        self.kind = config.kind
+        self._gpu_bytes = int(config.gpu_budget_gb * 2**30)
+        self._accounts: dict[torch.device, MemoryAccount] = {}
+        self._tiers: dict[torch.device, KVStore] = {}
+        self.pinned: PinnedKVStore | None = (
+            PinnedKVStore(budget_gb=config.pinned_budget_gb) if config.kind == "pinned"
+            else None)
+        self._retire = retire_view
+
+    def device_account(self, device: str | torch.device) -> MemoryAccount:
+        """The ``kvstore.gpu_budget_gb`` account of ``device``."""
+        dev = _normal(device)
+        acct = self._accounts.get(dev)
+        if acct is None:
+            acct = self._accounts[dev] = MemoryAccount(self._gpu_bytes,
+                                                       f"kvstore.gpu_budget_gb on {dev}")
+        return acct
+
+    def tier(self, device: str | torch.device) -> KVStore:
+        """The tier holding the rows of a layer that lives on ``device``."""
+        if self.pinned is not None:
+            return self.pinned
+        dev = _normal(device)
+        tier = self._tiers.get(dev)
+        if tier is None:
+            tier = self._tiers[dev] = GPUKVStore(dev, account=self.device_account(dev))
+        return tier
+
+    def rows_device(self, device: str | torch.device) -> torch.device:
+        """Where the rows of a layer on ``device`` live."""
+        return torch.device("cpu") if self.pinned is not None else _normal(device)
+
+    def retire_view(self, view: object) -> None:
+        """Tell the executor ``view`` is gone (see ``retire_view`` above)."""
+        if self._retire is not None:
+            self._retire(view)
+
+    def accounts(self) -> dict[str, MemoryAccount]:
+        """Every account in use, by name."""
+        out = {a.name: a for a in self._accounts.values()}
+        if self.pinned is not None:
+            out[self.pinned.account.name] = self.pinned.account
+        return out
+
+
+def _normal(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
