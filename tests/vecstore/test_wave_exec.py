@@ -48,8 +48,9 @@ def test_select_zones_is_a_stable_top_k():
     from vecstore.executor.wave_select import select_zones
 
     gen = torch.Generator().manual_seed(0)
-    rows, C = 5, 2500  # three chunks of 1024
+    rows, C = 6, 2500  # three chunks of 1024
     score = torch.rand(rows, C, generator=gen)
+    score[5] = torch.randn(C, generator=gen) * torch.randn(C, generator=gen).exp2()  # any sign
     score[0, :10] = score[0, 10]  # ties across the retrieval threshold
     score[1, 1000:] = float("-inf")
     score[3] = 0.5  # all tied: chunk 0 taken whole, chunk 1 in part
@@ -58,9 +59,9 @@ def test_select_zones_is_a_stable_top_k():
     sizes[1, 1000:] = 0
     sizes[3, 1030:1040] = 0  # empty clusters among the ties are skipped
     first = (torch.cumsum(sizes, 1) - sizes).int()
-    k1 = torch.tensor([45, 36, 0, 1100, 700], dtype=torch.int32)
-    k2 = torch.tensor([600, 500, 7, 2000, 1300], dtype=torch.int32)
-    z = Zones.empty(rows, C, 1100, torch.device("cpu"))
+    k1 = torch.tensor([45, 36, 0, 1100, 700, 300], dtype=torch.int32)
+    k2 = torch.tensor([600, 500, 7, 2000, 1300, 1500], dtype=torch.int32)
+    z = Zones.empty(rows, C, 1100, torch.device("cpu"), e_max=1200)
     select_zones(score, sizes, first, k1, k2, z)
     for r in range(rows):
         order = sorted(range(C), key=lambda i: (-score[r, i].item(), i))
@@ -70,6 +71,7 @@ def test_select_zones_is_a_stable_top_k():
         n = int(z.count[r])
         assert sorted(z.ids[r, :n].tolist()) == ret
         assert (z.zone[r] == 2).nonzero().flatten().tolist() == est
+        assert z.est_ids[r, :int(z.est_count[r])].tolist() == est
         assert z.cum[r, :n + 1].tolist() == [0, *torch.cumsum(sizes[r, ret], 0).tolist()]
         assert z.first_row[r, :n].tolist() == first[r, ret].tolist()
 

@@ -122,7 +122,7 @@ class WaveExecutor:
         lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
         share = torch.exp(lse_e - res.lse.reshape(-1)).nan_to_num(0.0)
         got = torch.stack([res.zones.cum.gather(1, res.zones.count[:, None].long()).sum(),
-                           res.zones.count.sum(), (res.zones.zone == 2).sum()]).tolist()
+                           res.zones.count.sum(), res.zones.est_count.sum()]).tolist()
         mass = float(share.mean()) if got[2] else 0.0
         steady_rows = int(steady.lengths.sum())
         stats = QueryStats(
@@ -173,6 +173,7 @@ class WaveExecutor:
         k1 = torch.tensor([r for r, _ in counts], dtype=torch.int32).repeat_interleave(H)
         k2 = torch.tensor([r + e for r, e in counts], dtype=torch.int32).repeat_interleave(H)
         r_max = max(1, int(k1.max()))
+        e_max = max(1, int((k2 - k1).max()))
         sizes = view.sizes.reshape(rows, C)
         vmean = view.meta["value_sums"] / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
         cent = view.meta["centroids"].to(self.score_dtype or kv_dtype).contiguous()
@@ -192,7 +193,7 @@ class WaveExecutor:
             sizes=sizes.to(dev, torch.int32).contiguous(),
             first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
             keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
-            max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
+            e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
         )
 
     # -- the step ------------------------------------------------------------------------
@@ -222,7 +223,7 @@ class WaveExecutor:
         dev = q.device
         _, n_ret = retrieved_layout(prep.max_rows)
         n_std = steady_splits(steady.keys.shape[2])
-        _, n_est = estimate_layout(C)
+        _, n_est = estimate_layout(prep.e_max)
         P = n_ret + n_std + n_est
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
@@ -237,7 +238,7 @@ class WaveExecutor:
         else:
             attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
         logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
-        zones = Zones.empty(rows, C, prep.r_max, dev)
+        zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
         buf = prep.buffer
         rowmap = None
         if buf is None:
@@ -248,7 +249,7 @@ class WaveExecutor:
             buf.lookup(zones)
             buf.fill_misses()
             buf.fill_hits()
-        attend_estimated(logits, prep.sizes, prep.vmean, zones.zone, parts, n_ret + n_std)
+        attend_estimated(logits, prep.sizes, prep.vmean, zones, parts, n_ret + n_std)
         if buf is None:
             attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
         else:

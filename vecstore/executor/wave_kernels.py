@@ -3,8 +3,8 @@
 ``attend_retrieved`` / ``attend_steady`` / ``attend_estimated`` — split-K flash decoding over
 the retrieved rows (in place through the row map of
 :func:`vecstore.executor.wave_select.rank_and_select`, or from a contiguous execution
-buffer), over the steady zone, and over the estimated clusters (centroid logits plus log
-size, value means). Each split writes a partial ``(out, lse)``; ``combine`` merges every
+buffer), over the steady zone, and over the compacted estimated clusters (centroid logits
+plus log size, value means). Each split writes a partial ``(out, lse)``; ``combine`` merges every
 split of a query row by log-sum-exp. ``copy_clusters`` moves whole clusters between the KV
 rows, the execution buffer and the block cache (:class:`vecstore.buffer.WaveBuffer`).
 
@@ -40,7 +40,7 @@ __all__ = [
 
 RETRIEVED_SPLIT = 256
 STEADY_SPLIT = 256
-ESTIMATE_SPLIT = 512
+ESTIMATE_SPLIT = 128
 _BLOCK_N = 64
 _BLOCK_E = 64
 
@@ -149,11 +149,12 @@ def _steady_kernel(
 
 
 def _estimated_kernel(
-    logits_ptr, sizes_ptr, vmean_ptr, zone_ptr, part_out_ptr, part_lse_ptr,
-    C, split_base, num_parts, split_len,
+    logits_ptr, sizes_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
+    C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
+    # positions [split * split_len, ...) of the row's compacted estimated clusters
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     offs_g = tl.arange(0, BLOCK_G)
@@ -161,30 +162,25 @@ def _estimated_kernel(
     g_mask = offs_g < G
     qrows = row * G + offs_g
     e0 = split * split_len
-    e1 = tl.minimum(e0 + split_len, C)
+    e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
-    for c in range(e0, e1, BLOCK_E):
-        idx = c + tl.arange(0, BLOCK_E)
-        in_range = idx < e1
-        # zone, size and logits are loaded independently (all in flight at once); only the
-        # value means wait for the zone
-        zone = tl.load(zone_ptr + row * C + idx, mask=in_range, other=0)
-        size = tl.load(sizes_ptr + row * C + idx, mask=in_range, other=0)
+    for e in range(e0, e1, BLOCK_E):
+        pos = e + tl.arange(0, BLOCK_E)
+        use = pos < e1
+        idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
+        size = tl.load(sizes_ptr + row * C + idx, mask=use, other=1)
         lg = tl.load(logits_ptr + qrows[:, None] * C + idx[None, :],
-                     mask=g_mask[:, None] & in_range[None, :], other=float("-inf"))
-        use = (zone == 2) & (size > 0)
-        size_f = tl.where(use, size, 1).to(tl.float32)
-        lg = tl.where(use[None, :], lg, float("-inf"))
-        w = lg + tl.log(size_f)[None, :]
+                     mask=g_mask[:, None] & use[None, :], other=float("-inf"))
+        vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
+                     mask=use[:, None], other=0.0)
+        w = lg + tl.log(size.to(tl.float32))[None, :]
         m_new = tl.maximum(m_i, tl.max(w, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         pr = tl.exp(w - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(pr, axis=1)
-        vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
-                     mask=use[:, None], other=0.0)
         pv = pr.to(vm.dtype)
         if DOT_F32:
             pv = pv.to(tl.float32)
@@ -327,23 +323,24 @@ def attend_steady(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     )
 
 
-def estimate_layout(num_clusters: int) -> tuple[int, int]:
-    """``(clusters per split, splits)`` of the estimation zone over ``num_clusters``."""
-    per = max(ESTIMATE_SPLIT, triton.cdiv(triton.cdiv(num_clusters, 32), _BLOCK_E) * _BLOCK_E)
-    return per, max(1, triton.cdiv(num_clusters, per))
+def estimate_layout(e_max: int) -> tuple[int, int]:
+    """``(positions per split, splits)`` of an estimation zone of at most ``e_max`` clusters."""
+    per = max(ESTIMATE_SPLIT, triton.cdiv(triton.cdiv(e_max, 32), _BLOCK_E) * _BLOCK_E)
+    return per, max(1, triton.cdiv(e_max, per))
 
 
 def attend_estimated(logits: torch.Tensor, sizes: torch.Tensor, vmean: torch.Tensor,
-                     zone: torch.Tensor, parts: tuple[torch.Tensor, torch.Tensor],
+                     zones: Zones, parts: tuple[torch.Tensor, torch.Tensor],
                      split_base: int) -> None:
-    """Partial states of the clusters marked estimated: logits ``[rows * G, C]`` float32,
-    sizes ``[rows, C]`` int32, value means ``vmean [rows, C, D]``."""
+    """Partial states of the estimated clusters (``zones.est_ids``): logits
+    ``[rows * G, C]`` float32, sizes ``[rows, C]`` int32, value means ``vmean [rows, C, D]``."""
     rows, num_clusters, dim = vmean.shape
     group = logits.shape[0] // rows
-    per, num_splits = estimate_layout(num_clusters)
+    e_max = zones.est_ids.shape[1]
+    per, num_splits = estimate_layout(e_max)
     _ESTIMATED[(rows, num_splits)](
-        logits, sizes, vmean, zone, parts[0], parts[1], num_clusters, split_base,
-        parts[1].shape[1], per,
+        logits, sizes, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
+        num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
         DOT_F32=needs_f32_dot(vmean.dtype),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
+from vecstore.executor.wave_radix import radix_count, radix_keys
 from vecstore.kernels._backend import LazyKernel
 
 __all__ = ["LOGITS", "SCORE"]
@@ -56,7 +57,8 @@ def _logits_kernel(
 
 def _score_kernel(
     logits_ptr, pmax_ptr, psum_ptr, score_ptr, counts_ptr, C, num_splits,
-    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, PASSES: tl.constexpr,
+    BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # ranking score sum_g softmax_g(logits)_j of a chunk, then the first radix pass over it
     row = tl.program_id(0).to(tl.int64)
@@ -80,14 +82,10 @@ def _score_kernel(
     sc = tl.sum(tl.exp(lg - m[:, None]) * inv_z[:, None], axis=0)
     sc = tl.where(tl.max(lg, axis=0) > float("-inf"), sc, float("-inf"))
     tl.store(score_ptr + row * C + idx, sc, mask=valid)
-    digits = tl.arange(0, 16)
-    cand = digits.to(tl.uint32) << 28  # the first pass: no prefix yet, same for k1 and k2
-    bits = sc.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
-    key = tl.where(valid, key, 0)
-    cnt = tl.sum((key[:, None] >= cand[None, :]).to(tl.int32), axis=0)
-    tl.atomic_add(counts_ptr + (row * 16 + 0) * 16 + digits, cnt)
-    tl.atomic_add(counts_ptr + (row * 16 + 8) * 16 + digits, cnt)
+    key = radix_keys(sc)  # the first radix pass: no prefix yet, the same for k1 and k2
+    hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
+    radix_count(key, valid, 0, hist, 0, BITS)
+    radix_count(key, valid, 0, hist + PASSES * (1 << BITS), 0, BITS)
 
 
 LOGITS = LazyKernel(_logits_kernel)

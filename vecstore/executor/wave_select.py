@@ -2,12 +2,13 @@
 
 ``rank_and_select`` — centroid logits of the G query heads of each (sequence, KV head) row
 (one ``tl.dot`` per tile, each centroid read once per group), the GQA-summed softmax score
-fused with the first radix pass, then the ``k1``-th and ``k2``-th largest scores by a 4-bit
-radix select over all (row, chunk) programs (no sort), per-chunk counts, one scan per row,
-and a parallel write that marks each cluster retrieved (rank < k1), estimated
-(k1 <= rank < k2) or dropped and compacts the retrieved ids with their first row and the
-running sum of their sizes. Ties rank by cluster id, so the zones are those of a stable
-top-k (RetroInfer's plan, :func:`vecstore.executor.plan.make_plan`). A row map (execution
+fused with the first radix pass, then the ``k1``-th and ``k2``-th largest scores by a radix
+select over all (row, chunk) programs (no sort; :mod:`vecstore.executor.wave_radix`),
+per-chunk counts, one scan per row, and a parallel write that marks each cluster retrieved
+(rank < k1), estimated (k1 <= rank < k2) or dropped, compacts the retrieved ids with their
+first row and the running sum of their sizes, and the estimated ids. Ties rank by cluster
+id, so the zones are those of a stable top-k (RetroInfer's plan,
+:func:`vecstore.executor.plan.make_plan`). A row map (execution
 position -> KV row) lets the retrieved rows be read in place.
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
@@ -22,6 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
+from vecstore.executor.wave_radix import (
+    RADIX_BITS,
+    RADIX_PASSES,
+    radix_count,
+    radix_keys,
+    radix_threshold,
+)
 from vecstore.executor.wave_rank import LOGITS, SCORE
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot
 
@@ -36,177 +44,152 @@ _BLOCK_LOGITS = 64  # centroids per tile of the logits kernel
 
 def _radix_pass_kernel(
     score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
-    PASS: tl.constexpr, BLOCK: tl.constexpr,
+    PASS: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    # counts[row, which, pass, d]: keys >= prefix | d << shift, summed over all chunks; the
-    # prefix of this pass follows from the counts of the earlier ones (4 bits each)
+    # counts[row, which, pass, d]: keys of prefix t_which (from the earlier passes) and
+    # digit d, summed over all chunks with atomics
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    k1 = tl.load(k1_ptr + row)
-    k2 = tl.load(k2_ptr + row)
-    digits = tl.arange(0, 16)
-    udig = digits.to(tl.uint32)
-    t1 = tl.zeros([1], tl.uint32)
-    t2 = tl.zeros([1], tl.uint32)
-    for p in tl.static_range(PASS):
-        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
-        c2 = tl.load(counts_ptr + (row * 16 + 8 + p) * 16 + digits)
-        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-        t2 = t2 | (tl.sum(((c2 >= k2) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-    cand1 = t1 | (udig << (28 - 4 * PASS))
-    cand2 = t2 | (udig << (28 - 4 * PASS))
+    h1 = counts_ptr + (row * 2 + 0) * PASSES * (1 << BITS)
+    h2 = counts_ptr + (row * 2 + 1) * PASSES * (1 << BITS)
+    t1, _ = radix_threshold(h1, tl.load(k1_ptr + row), PASS, BITS)
+    t2, _ = radix_threshold(h2, tl.load(k2_ptr + row), PASS, BITS)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
-    s = tl.load(score_ptr + row * C + idx, mask=idx < C, other=float("nan"))
-    bits = s.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
-    key = tl.where(idx < C, key, 0)
-    cnt1 = tl.sum((key[:, None] >= cand1[None, :]).to(tl.int32), axis=0)
-    cnt2 = tl.sum((key[:, None] >= cand2[None, :]).to(tl.int32), axis=0)
-    tl.atomic_add(counts_ptr + (row * 16 + PASS) * 16 + digits, cnt1)
-    tl.atomic_add(counts_ptr + (row * 16 + 8 + PASS) * 16 + digits, cnt2)
+    valid = idx < C
+    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
+    radix_count(key, valid, t1, h1, PASS, BITS)
+    radix_count(key, valid, t2, h2, PASS, BITS)
 
 
 def _zone_stats_kernel(
     score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
-    BLOCK: tl.constexpr,
+    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    # per chunk: [gt1, gt1 real, eq1, eq1 real, size gt1 real, size eq1 real, gt2, eq2]
+    # per chunk, threshold w at [6w, 6w + 6): [gt, gt real, eq, eq real, rows gt real, rows eq
+    # real] (real: not empty)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     k1 = tl.load(k1_ptr + row)
     k2 = tl.load(k2_ptr + row)
-    digits = tl.arange(0, 16)
-    t1 = tl.zeros([1], tl.uint32)
-    t2 = tl.zeros([1], tl.uint32)
-    for p in tl.static_range(8):
-        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
-        c2 = tl.load(counts_ptr + (row * 16 + 8 + p) * 16 + digits)
-        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-        t2 = t2 | (tl.sum(((c2 >= k2) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-    th1 = tl.sum(t1, axis=0)
-    th2 = tl.sum(t2, axis=0)
+    hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
+    th1, _ = radix_threshold(hist, k1, PASSES, BITS)
+    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), k2, PASSES, BITS)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
     s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
-    bits = s.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = radix_keys(s)
     key = tl.where(valid, key, 0)
     size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
     real = valid & (size > 0)
-    gt1 = (key > th1) & valid
-    eq1 = (key == th1) & valid
-    out = stats_ptr + (row * NCHUNK + chunk) * 8
-    tl.store(out + 0, tl.sum(gt1.to(tl.int32), axis=0))
-    tl.store(out + 1, tl.sum((gt1 & real).to(tl.int32), axis=0))
-    tl.store(out + 2, tl.sum(eq1.to(tl.int32), axis=0))
-    tl.store(out + 3, tl.sum((eq1 & real).to(tl.int32), axis=0))
-    tl.store(out + 4, tl.sum(tl.where(gt1 & real, size, 0), axis=0))
-    tl.store(out + 5, tl.sum(tl.where(eq1 & real, size, 0), axis=0))
-    tl.store(out + 6, tl.sum(((key > th2) & valid).to(tl.int32), axis=0))
-    tl.store(out + 7, tl.sum(((key == th2) & valid).to(tl.int32), axis=0))
+    out = stats_ptr + (row * NCHUNK + chunk) * 12
+    for w in tl.static_range(2):
+        th = th1 if w == 0 else th2
+        gt = (key > th) & valid
+        eq = (key == th) & valid
+        tl.store(out + 6 * w + 0, tl.sum(gt.to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 1, tl.sum((gt & real).to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 2, tl.sum(eq.to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 3, tl.sum((eq & real).to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 4, tl.sum(tl.where(gt & real, size, 0), axis=0))
+        tl.store(out + 6 * w + 5, tl.sum(tl.where(eq & real, size, 0), axis=0))
 
 
-def _zone_scan_kernel(
-    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, bases_ptr, cum_ptr,
-    count_ptr, C, NCHUNK, R_MAX,
-    BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr,
-):
-    # per row: where each chunk's retrieved clusters start (ids and rows), and the ranks of
-    # the threshold ties before each chunk; bases[row, chunk] = [pos, rows, eq1, eq2] and
-    # bases[row, NCHUNK] = [ties still to take at threshold 1 and 2, -, -]
-    row = tl.program_id(0).to(tl.int64)
-    k1 = tl.load(k1_ptr + row)
-    digits = tl.arange(0, 16)
-    t1 = tl.zeros([1], tl.uint32)
-    for p in tl.static_range(8):
-        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
-        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-    th1 = tl.sum(t1, axis=0)
-    k2 = tl.load(k2_ptr + row)
-    ch = tl.arange(0, BLOCK_CH)
-    cm = ch < NCHUNK
-    st = stats_ptr + (row * NCHUNK + ch) * 8
-    gt1 = tl.load(st + 0, mask=cm, other=0)
-    gt1r = tl.load(st + 1, mask=cm, other=0)
-    eq1 = tl.load(st + 2, mask=cm, other=0)
-    eq1r = tl.load(st + 3, mask=cm, other=0)
-    szg = tl.load(st + 4, mask=cm, other=0)
+@triton.jit
+def _chunk_takes(score_ptr, sizes_ptr, stats_ptr, row, C, NCHUNK, th, k, ch, cm, w,
+                 BLOCK: tl.constexpr):
+    # of the k best of a row (ties in id order), the clusters and rows each chunk takes
+    # (empty clusters never), how many ties rank before each chunk, and how many ties are
+    # taken in all
+    st = stats_ptr + (row * NCHUNK + ch) * 12 + 6 * w
+    gt = tl.load(st + 0, mask=cm, other=0)
+    eq = tl.load(st + 2, mask=cm, other=0)
+    eqr = tl.load(st + 3, mask=cm, other=0)
     sze = tl.load(st + 5, mask=cm, other=0)
-    gt2 = tl.load(st + 6, mask=cm, other=0)
-    eq2 = tl.load(st + 7, mask=cm, other=0)
-    need1 = k1 - tl.sum(gt1, axis=0)
-    need2 = k2 - tl.sum(gt2, axis=0)
-    eq1_before = tl.cumsum(eq1, axis=0) - eq1
-    eq2_before = tl.cumsum(eq2, axis=0) - eq2
-    take = tl.minimum(tl.maximum(need1 - eq1_before, 0), eq1)  # ties of the chunk taken
-    tie_n = tl.where(take == eq1, eq1r, 0)
-    tie_sz = tl.where(take == eq1, sze, 0)
+    need = k - tl.sum(gt, axis=0)
+    eq_before = tl.cumsum(eq, axis=0) - eq
+    take = tl.minimum(tl.maximum(need - eq_before, 0), eq)  # ties of the chunk taken
+    tie_n = tl.where(take == eq, eqr, 0)
+    tie_sz = tl.where(take == eq, sze, 0)
     # at most one chunk takes part of its ties: count those in id order
-    partial = cm & (take > 0) & (take < eq1)
+    partial = cm & (take > 0) & (take < eq)
     pc = tl.sum(tl.where(partial, ch, 0), axis=0)
     pt = tl.sum(tl.where(partial, take, 0), axis=0)
     idx = pc * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
-    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
-    bits = s.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan")))
     size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
-    e = ((key == th1) & valid).to(tl.int32)
+    e = ((key == th) & valid).to(tl.int32)
     rank = tl.cumsum(e, axis=0) - e
     pick = (e > 0) & (rank < pt) & (size > 0)
-    p_n = tl.sum(pick.to(tl.int32), axis=0)
-    p_sz = tl.sum(tl.where(pick, size, 0), axis=0)
-    is_pc = ch == pc
-    tie_n = tl.where(is_pc & (pt > 0), p_n, tie_n)
-    tie_sz = tl.where(is_pc & (pt > 0), p_sz, tie_sz)
-    n_sel = gt1r + tie_n
-    n_rows = szg + tie_sz
-    pos = tl.cumsum(n_sel, axis=0) - n_sel
-    rws = tl.cumsum(n_rows, axis=0) - n_rows
-    bo = bases_ptr + (row * (NCHUNK + 1) + ch) * 4
+    is_pc = (ch == pc) & (pt > 0)
+    tie_n = tl.where(is_pc, tl.sum(pick.to(tl.int32), axis=0), tie_n)
+    tie_sz = tl.where(is_pc, tl.sum(tl.where(pick, size, 0), axis=0), tie_sz)
+    n_sel = tl.load(st + 1, mask=cm, other=0) + tie_n
+    n_rows = tl.load(st + 4, mask=cm, other=0) + tie_sz
+    return n_sel, n_rows, eq_before, need
+
+
+def _zone_scan_kernel(
+    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, bases_ptr, cum_ptr,
+    count_ptr, est_count_ptr, C, NCHUNK, R_MAX,
+    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr,
+):
+    # per row: where each chunk's retrieved clusters start (ids and rows), its estimated
+    # ones, and the ranks of the threshold ties before it; bases[row, chunk] = [pos, rows,
+    # eq1, eq2, estimated pos] and bases[row, NCHUNK] = [ties still to take at threshold 1
+    # and 2, the thresholds]
+    row = tl.program_id(0).to(tl.int64)
+    hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
+    k1 = tl.load(k1_ptr + row)
+    k2 = tl.load(k2_ptr + row)
+    th1, _ = radix_threshold(hist, k1, PASSES, BITS)
+    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), k2, PASSES, BITS)
+    ch = tl.arange(0, BLOCK_CH)
+    cm = ch < NCHUNK
+    n1, r1, eq1_before, need1 = _chunk_takes(score_ptr, sizes_ptr, stats_ptr, row, C, NCHUNK,
+                                             th1, k1, ch, cm, 0, BLOCK)
+    n2, _, eq2_before, need2 = _chunk_takes(score_ptr, sizes_ptr, stats_ptr, row, C, NCHUNK,
+                                            th2, k2, ch, cm, 1, BLOCK)
+    pos = tl.cumsum(n1, axis=0) - n1
+    bo = bases_ptr + (row * (NCHUNK + 1) + ch) * 5
     tl.store(bo + 0, pos, mask=cm)
-    tl.store(bo + 1, rws, mask=cm)
+    tl.store(bo + 1, tl.cumsum(r1, axis=0) - r1, mask=cm)
     tl.store(bo + 2, eq1_before, mask=cm)
     tl.store(bo + 3, eq2_before, mask=cm)
-    total = tl.sum(n_sel, axis=0)
+    tl.store(bo + 4, tl.cumsum(n2, axis=0) - n2 - pos, mask=cm)  # retrieved are also in n2
+    total = tl.sum(n1, axis=0)
     tl.store(count_ptr + row, total)
-    tl.store(cum_ptr + row * (R_MAX + 1) + total, tl.sum(n_rows, axis=0))
-    tl.store(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 0, need1)
-    tl.store(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 1, need2)
+    tl.store(est_count_ptr + row, tl.sum(n2, axis=0) - total)
+    tl.store(cum_ptr + row * (R_MAX + 1) + total, tl.sum(r1, axis=0))
+    last = bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 5
+    tl.store(last + 0, need1)
+    tl.store(last + 1, need2)
+    tl.store(last + 2, th1.to(tl.int32, bitcast=True))
+    tl.store(last + 3, th2.to(tl.int32, bitcast=True))
 
 
 def _zone_write_kernel(
-    score_ptr, sizes_ptr, starts_ptr, k1_ptr, k2_ptr, counts_ptr, bases_ptr,
-    zone_ptr, ids_ptr, rstart_ptr, cum_ptr,
-    C, NCHUNK, R_MAX,
+    score_ptr, sizes_ptr, starts_ptr, bases_ptr,
+    zone_ptr, ids_ptr, rstart_ptr, cum_ptr, est_ptr,
+    C, NCHUNK, R_MAX, E_MAX,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    k1 = tl.load(k1_ptr + row)
-    k2 = tl.load(k2_ptr + row)
-    digits = tl.arange(0, 16)
-    t1 = tl.zeros([1], tl.uint32)
-    t2 = tl.zeros([1], tl.uint32)
-    for p in tl.static_range(8):
-        c1 = tl.load(counts_ptr + (row * 16 + p) * 16 + digits)
-        c2 = tl.load(counts_ptr + (row * 16 + 8 + p) * 16 + digits)
-        t1 = t1 | (tl.sum(((c1 >= k1) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-        t2 = t2 | (tl.sum(((c2 >= k2) & (digits > 0)).to(tl.uint32), axis=0) << (28 - 4 * p))
-    th1 = tl.sum(t1, axis=0)
-    th2 = tl.sum(t2, axis=0)
-    bo = bases_ptr + (row * (NCHUNK + 1) + chunk) * 4
+    bo = bases_ptr + (row * (NCHUNK + 1) + chunk) * 5
     taken = tl.load(bo + 0)
     rows_taken = tl.load(bo + 1)
     eq1_seen = tl.load(bo + 2)
     eq2_seen = tl.load(bo + 3)
-    need1 = tl.load(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 0)
-    need2 = tl.load(bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 4 + 1)
+    est_taken = tl.load(bo + 4)
+    last = bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 5
+    need1 = tl.load(last + 0)
+    need2 = tl.load(last + 1)
+    th1 = tl.load(last + 2).to(tl.uint32, bitcast=True)
+    th2 = tl.load(last + 3).to(tl.uint32, bitcast=True)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
-    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
-    bits = s.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan")))
     key = tl.where(valid, key, 0)
     eq1 = ((key == th1) & valid).to(tl.int32)
     eq2 = ((key == th2) & valid).to(tl.int32)
@@ -226,6 +209,10 @@ def _zone_write_kernel(
     tl.store(ids_ptr + row * R_MAX + pos, idx, mask=sel1)
     tl.store(rstart_ptr + row * R_MAX + pos, first, mask=sel1)
     tl.store(cum_ptr + row * (R_MAX + 1) + pos, run, mask=sel1)
+    est = sel2 & (s1 == 0)
+    s2 = est.to(tl.int32)
+    epos = tl.cumsum(s2, axis=0) - s2 + est_taken
+    tl.store(est_ptr + row * E_MAX + epos, idx, mask=est & (epos < E_MAX))
 
 
 def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
@@ -294,10 +281,11 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, sizes: torch.Tenso
                             BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype))
     score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
     block, nchunk = _select_grid(num_clusters)
-    counts = torch.zeros(rows, 2, 8, 16, dtype=torch.int32, device=dev)
+    counts = _radix_counts(rows, dev)
     SCORE[(rows, nchunk)](logits, pmax, psum, score, counts, num_clusters, splits, G=group,
                            BLOCK_G=triton.next_power_of_2(group),
-                           BLOCK_S=triton.next_power_of_2(splits), BLOCK=block)
+                           BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
+                           BITS=RADIX_BITS, BLOCK=block)
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out, rowmap)
 
 
@@ -305,9 +293,10 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
                  k1: torch.Tensor, k2: torch.Tensor, out: Zones) -> None:
     """Mark the ``k1`` best clusters of each row retrieved and the next ``k2 - k1`` estimated.
 
-    Ranks are by score, ties by cluster id (a stable top-k). Eight radix passes of 4 bits
-    find both thresholds with every (row, chunk) in parallel; then per-chunk counts, one
-    scan per row, and a parallel write of the zones and the compacted retrieved ids.
+    Ranks are by score, ties by cluster id (a stable top-k). Radix passes of ``RADIX_BITS``
+    bits find both thresholds with every (row, chunk) in parallel; then per-chunk counts, one
+    scan per row, and a parallel write of the zones and the compacted retrieved and
+    estimated ids.
 
     Parameters
     ----------
@@ -320,8 +309,12 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
     out : Zones
         Written in place.
     """
-    counts = torch.zeros(score.shape[0], 2, 8, 16, dtype=torch.int32, device=score.device)
+    counts = _radix_counts(score.shape[0], score.device)
     _finish_select(score, sizes, first_row, k1, k2, counts, 0, out, None)
+
+
+def _radix_counts(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(rows, 2, RADIX_PASSES, 1 << RADIX_BITS, dtype=torch.int32, device=device)
 
 
 def _select_grid(num_clusters: int) -> tuple[int, int]:
@@ -335,18 +328,19 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     rows, num_clusters = score.shape
     block, nchunk = _select_grid(num_clusters)
     dev = score.device
-    stats = torch.empty(rows, nchunk, 8, dtype=torch.int32, device=dev)
-    bases = torch.empty(rows, nchunk + 1, 4, dtype=torch.int32, device=dev)
+    stats = torch.empty(rows, nchunk, 12, dtype=torch.int32, device=dev)
+    bases = torch.empty(rows, nchunk + 1, 5, dtype=torch.int32, device=dev)
     r_max = out.ids.shape[1]
-    for p in range(first_pass, 8):
-        _RADIX[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, BLOCK=block)
-    _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
-                           BLOCK=block)
+    radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
+    for p in range(first_pass, RADIX_PASSES):
+        _RADIX[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
+    _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
     _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
-                   num_clusters, nchunk, r_max, BLOCK=block,
-                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)))
-    _WRITE[(rows, nchunk)](score, sizes, first_row, k1, k2, counts, bases, out.zone, out.ids,
-                           out.first_row, out.cum, num_clusters, nchunk, r_max, BLOCK=block)
+                   out.est_count, num_clusters, nchunk, r_max,
+                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)), **radix)
+    _WRITE[(rows, nchunk)](score, sizes, first_row, bases, out.zone, out.ids, out.first_row,
+                           out.cum, out.est_ids, num_clusters, nchunk, r_max,
+                           out.est_ids.shape[1], BLOCK=block)
     if rowmap is not None:
         _ROWMAP[(rows, r_max)](out.cum, out.count, out.first_row, rowmap, r_max,
                                rowmap.shape[1], BLOCK_N=32)

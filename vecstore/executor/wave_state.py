@@ -30,6 +30,11 @@ class Zones:
         execution rows ``cum[i]:cum[i + 1]``; ``cum[count]`` is the row total.
     count : torch.Tensor
         ``[rows]`` int32 retrieved clusters.
+    est_ids : torch.Tensor
+        ``[rows, E]`` int32 estimated cluster ids in cluster order (first ``est_count``
+        valid; none kept when ``E`` is 0).
+    est_count : torch.Tensor
+        ``[rows]`` int32 estimated clusters.
     """
 
     zone: torch.Tensor
@@ -37,10 +42,14 @@ class Zones:
     first_row: torch.Tensor
     cum: torch.Tensor
     count: torch.Tensor
+    est_ids: torch.Tensor
+    est_count: torch.Tensor
 
     @staticmethod
-    def empty(rows: int, num_clusters: int, r_max: int, device: torch.device) -> Zones:
-        """Buffers for ``rows`` rows of ``num_clusters`` clusters, at most ``r_max`` retrieved."""
+    def empty(rows: int, num_clusters: int, r_max: int, device: torch.device,
+              e_max: int = 0) -> Zones:
+        """Buffers for ``rows`` rows of ``num_clusters`` clusters, at most ``r_max`` retrieved
+        and ``e_max`` estimated ids kept."""
         i32 = torch.int32
         return Zones(
             zone=torch.empty(rows, num_clusters, dtype=torch.int8, device=device),
@@ -48,6 +57,8 @@ class Zones:
             first_row=torch.empty(rows, r_max, dtype=i32, device=device),
             cum=torch.empty(rows, r_max + 1, dtype=i32, device=device),
             count=torch.empty(rows, dtype=i32, device=device),
+            est_ids=torch.empty(rows, e_max, dtype=i32, device=device),
+            est_count=torch.empty(rows, dtype=i32, device=device),
         )
 
 
@@ -71,6 +82,8 @@ class PreparedView:
         ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters per row.
     r_max : int
         Largest ``k1``.
+    e_max : int
+        Largest ``k2 - k1``.
     max_rows : int
         Most rows the retrieved clusters of a row can hold (its ``r_max`` largest
         clusters): the execution buffer's length.
@@ -92,6 +105,7 @@ class PreparedView:
     k1: torch.Tensor
     k2: torch.Tensor
     r_max: int
+    e_max: int
     max_rows: int
     tokens_total: int
     buffer: WaveBuffer | None

@@ -1,0 +1,59 @@
+"""Radix-select helpers shared by the score and selection kernels (Triton device functions).
+
+Scores map to uint32 keys in the same order; the ``k``-th largest key of a row is found MSB
+first, ``RADIX_BITS`` bits a pass, from per-pass histograms of the keys that match the
+prefix chosen by the passes before (``counts[row, which, pass, digit]``, which 0 for ``k1``
+and 1 for ``k2``). A histogram is a warp-ballot count, far lighter in registers than
+comparing every key with every candidate digit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["RADIX_BITS", "RADIX_PASSES", "radix_keys", "radix_threshold", "radix_count"]
+
+RADIX_BITS = 5  # histogram bins 2**5: the warp-ballot histogram needs a multiple of 32
+RADIX_PASSES = triton.cdiv(32, RADIX_BITS)
+
+
+@triton.jit
+def radix_keys(score):
+    # float32 -> uint32 keys in the same order (higher score, higher key)
+    bits = score.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits ^ -2147483648, ~bits).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def radix_threshold(hist_ptr, k, PASSES: tl.constexpr, BITS: tl.constexpr):
+    # the k-th largest key after PASSES passes (exact once all have run), from the
+    # histograms hist[p, digit] of the keys matching the prefix of the passes before; and
+    # how many keys rank above that prefix
+    bins = tl.arange(0, 1 << BITS)
+    t = tl.zeros([1], tl.uint32)
+    above = tl.zeros([1], tl.int32)
+    for p in tl.static_range(PASSES):
+        hi = 32 - BITS * p  # pass p resolves key bits [lo, hi); the last may be narrower
+        lo = hi - BITS if hi > BITS else 0
+        h = tl.load(hist_ptr + p * (1 << BITS) + bins)[None, :]
+        suf = tl.sum(h, axis=1)[:, None] - tl.cumsum(h, axis=1) + h
+        d = tl.sum(((above[:, None] + suf >= k) & (bins[None, :] > 0)).to(tl.int32), axis=1)
+        d = tl.minimum(d, (1 << (hi - lo)) - 1)
+        above += tl.sum(tl.where(bins[None, :] > d[:, None], h, 0), axis=1)
+        t = t | (d.to(tl.uint32) << lo)
+    return tl.sum(t, axis=0), tl.sum(above, axis=0)
+
+
+@triton.jit
+def radix_count(key, valid, t, counts_ptr, PASS: tl.constexpr, BITS: tl.constexpr):
+    # add the histogram of pass PASS's digit over the keys that match prefix t
+    hi = 32 - BITS * PASS
+    lo = hi - BITS if hi > BITS else 0
+    digit = ((key >> lo) & ((1 << (hi - lo)) - 1)).to(tl.int32)
+    match = valid
+    if PASS > 0:
+        match = valid & ((key >> hi) == (t >> hi))
+    h = tl.histogram(digit, 1 << BITS, mask=match)
+    bins = tl.arange(0, 1 << BITS)
+    tl.atomic_add(counts_ptr + PASS * (1 << BITS) + bins, h, mask=h > 0)
