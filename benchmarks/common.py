@@ -76,8 +76,9 @@ def synthetic_view(batch: int, tokens: int, heads: int, dim: int, *, tokens_per_
     """A wave view of ``batch`` sequences of ``tokens`` clustered keys, built without k-means.
 
     Cluster sizes are uniform in ``[tpc / 2, 3 tpc / 2]``; keys are the cluster's centre plus
-    noise, so scores are peaked as with real keys; centroids and value sums are exact means
-    and sums of the rows, as the wave index stores them. Timing does not depend on the data.
+    noise, so scores are peaked as with real keys; centroids, radii and value sums are exact
+    means, largest distances and sums of the rows, as the wave index stores them. Timing does
+    not depend on the data.
     """
     gen = torch.Generator(device=device).manual_seed(seed)
     lo, hi = tokens_per_cluster // 2, tokens_per_cluster * 3 // 2
@@ -100,8 +101,14 @@ def synthetic_view(batch: int, tokens: int, heads: int, dim: int, *, tokens_per_
             cents[b, h].index_add_(0, unit, keys[b, h].float())
             vsums[b, h].index_add_(0, unit, values[b, h].float())
     cents /= sizes[..., None].clamp_min(1)
+    radii = torch.zeros(batch, heads, num, device=device)
+    for b in range(batch):
+        for h in range(heads):
+            unit = torch.repeat_interleave(torch.arange(num, device=device), sizes[b, h])
+            spread = (keys[b, h].float() - cents[b, h, unit]).norm(dim=-1)
+            radii[b, h].scatter_reduce_(0, unit, spread, "amax")
     return IndexView(keys=keys, values=values, offsets=offsets, sizes=sizes,
-                     meta={"centroids": cents, "value_sums": vsums},
+                     meta={"centroids": cents, "radii": radii, "value_sums": vsums},
                      num_units=torch.full((batch,), num))
 
 

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ class IndexConfig:
         Spherical k-means iterations per segment (10, as in the reference).
     page_tokens : int
         Page size of the ``quest`` and ``sink_window`` indexes (16, Quest's default).
+    radius_weight : float
+        Weight ``w`` of a cluster's radius ``r`` in the ``wave`` ranking logit
+        ``q·c + w·|q|·r`` (0.5). At 1.0 the logit is the upper bound of the best member's
+        score, which finds clusters holding one sought outlying key but favours wide
+        clusters that carry little mass; 0.0 is the centroid score alone, as in
+        RetroInfer. Only ranking changes; estimation uses the centroid. A query-time
+        setting: a persisted store may be reopened with another value.
     """
 
     kind: str = "wave"
@@ -74,6 +82,7 @@ class IndexConfig:
     segment_tokens: int = 8192
     kmeans_iters: int = 10
     page_tokens: int = 16
+    radius_weight: float = 0.5
 
     def __post_init__(self) -> None:
         _check(self.tokens_per_cluster >= 1, "index.tokens_per_cluster", "must be >= 1")
@@ -81,6 +90,8 @@ class IndexConfig:
                f"must be >= tokens_per_cluster ({self.tokens_per_cluster})")
         _check(self.kmeans_iters >= 0, "index.kmeans_iters", "must be >= 0")
         _check(self.page_tokens >= 1, "index.page_tokens", "must be >= 1")
+        _check(math.isfinite(self.radius_weight) and self.radius_weight >= 0,
+               "index.radius_weight", f"must be a finite number >= 0, got {self.radius_weight}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vecstore import Store
 from vecstore.config import StoreConfig
+from vecstore.errors import ConfigError
 from vecstore.index import INDEXES, Index, IndexView
+from vecstore.index.wave import bound_logits
 
 PAGE4 = {"index": {"page_tokens": 4, "tokens_per_cluster": 4},
          "attention": {"sink_tokens": 0, "window_tokens": 0, "update_tokens": 1}}
@@ -122,3 +126,53 @@ def test_index_view_stack_pads_with_empty_units():
     assert both.sizes.shape == (2, 1, 5)
     assert both.sizes[0, 0, 2:].tolist() == [0, 0, 0]
     assert both.offsets[0, 0, -1] == 8 and both.num_units.tolist() == [2, 5]
+
+
+@settings(deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(8, 64), st.sampled_from([2, 4, 8]))
+def test_wave_radius_bound_is_at_least_every_member_score(seed, n, tpc):
+    gen = torch.Generator().manual_seed(seed)
+    keys = 3 * torch.randn(2, n, 4, generator=gen)
+    idx = INDEXES.get("wave")(StoreConfig.from_dict({"index": {"tokens_per_cluster": tpc}}))
+    view = IndexView.from_segments(idx.build(keys, torch.randn(2, n, 4, generator=gen), 0))
+    q = torch.randn(1, 2, 3, 1, 4, generator=gen)
+    bound = bound_logits(q, view.meta["centroids"], view.meta["radii"], 1.0, 1.0)
+    exact = torch.einsum("bhgld,bhnd->bhgln", q, view.keys.float())
+    for h in range(2):
+        for c in range(view.sizes.shape[-1]):
+            a, b = view.offsets[0, h, c], view.offsets[0, h, c + 1]
+            if a == b:
+                continue
+            members = view.keys[0, h, a:b].float()
+            spread = (members - view.meta["centroids"][0, h, c]).norm(dim=-1).max()
+            assert torch.allclose(view.meta["radii"][0, h, c], spread, atol=1e-5)
+            best = exact[0, h, :, :, a:b].amax(-1)
+            assert (bound[0, h, :, :, c] >= best - 1e-4).all()
+
+
+def test_wave_radius_weight_finds_the_cluster_hiding_an_outlier():
+    # cluster A: 7 keys at (2, 0, 0) and one at (2, 0, 1.2); cluster B: 8 keys at (-2, 0, 0.5)
+    keys = torch.tensor([[2.0, 0.0, 0.0]] * 7 + [[2.0, 0.0, 1.2]] + [[-2.0, 0.0, 0.5]] * 8)
+    keys = keys[None] + 0.01 * torch.randn(1, 16, 3, generator=torch.Generator().manual_seed(0))
+    q = torch.tensor([[[0.0, 0.0, 4.0]]])
+    found = {}
+    for weight in (0.0, 1.0):
+        cfg = {"index": {"kind": "wave", "tokens_per_cluster": 8, "radius_weight": weight},
+               "attention": {**PAGE4["attention"], "retrieval_budget": 0.5}}
+        with Store.open(config=cfg) as store:
+            seq = store.create("s", num_layers=1, num_kv_heads=1, head_dim=3, dtype="float32")
+            seq.append(0, keys, keys)
+            view = seq.view(0)
+            assert view is not None and sorted(view.sizes[0, 0].tolist()) == [8, 8]
+            best = int(seq.search(0, q, 1).ids[0, 0])
+            a, b = int(view.offsets[0, 0, best]), int(view.offsets[0, 0, best + 1])
+            found[weight] = view.keys[0, 0, a:b, 2].amax().item()
+    assert found[0.0] < 0.6  # the centroid ranking picks cluster B (z = 0.5 everywhere)
+    assert found[1.0] > 1.1  # the bound picks cluster A, which holds z = 1.2
+
+
+def test_wave_radius_weight_must_be_finite_and_non_negative():
+    with pytest.raises(ConfigError, match="index.radius_weight"):
+        StoreConfig.from_dict({"index": {"radius_weight": -1.0}})
+    with pytest.raises(ConfigError, match="index.radius_weight"):
+        StoreConfig.from_dict({"index": {"radius_weight": float("nan")}})

@@ -76,12 +76,15 @@ def test_select_zones_is_a_stable_top_k():
         assert z.first_row[r, :n].tolist() == first[r, ret].tolist()
 
 
-@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize(("offload", "radius_weight"),
+                         [(False, 0.5), (True, 0.5), (False, 0.0), (False, 2.0)])
 @interpreted
-def test_float32_scoring_matches_reference_exactly(offload):
+def test_float32_scoring_matches_reference_exactly(offload, radius_weight):
     gen = torch.Generator().manual_seed(1)
-    index, view, steady, q = _batch(gen, torch.float32)
-    layer = CFG.for_layer(0)
+    cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
+        **CFG.to_dict()["index"], "radius_weight": radius_weight}})
+    index, view, steady, q = _batch(gen, torch.float32, index=WaveIndex(cfg))
+    layer = cfg.for_layer(0)
     ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
     ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=offload)
     for _ in range(2):  # with offload: a cold then a warm cache

@@ -188,12 +188,16 @@ class WaveExecutor:
                 keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
                 num_slots=max(1, math.ceil(self.cache_capacity * C)),
                 slot_tokens=self.slot_tokens, device=dev, policy=self.cache_policy)
+        weight = float(getattr(index, "radius_weight", 0.0))
+        radii = (view.meta["radii"].reshape(rows, C).to(dev, torch.float32).contiguous()
+                 if weight else None)
         return PreparedView(
             view=view, centroids=cent, vmean=vmean.to(kv_dtype).reshape(rows, C, D).contiguous(),
             sizes=sizes.to(dev, torch.int32).contiguous(),
             first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
             keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
             e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
+            radii=radii, radius_weight=weight,
         )
 
     # -- the step ------------------------------------------------------------------------
@@ -243,8 +247,9 @@ class WaveExecutor:
         rowmap = None
         if buf is None:
             rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
-        rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D), prep.sizes,
-                        prep.first_row, prep.k1, prep.k2, scale, logits, zones, rowmap)
+        rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
+                        prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
+                        prep.radius_weight, logits, zones, rowmap)
         if buf is not None:
             buf.lookup(zones)
             buf.fill_misses()

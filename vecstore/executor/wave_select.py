@@ -244,8 +244,9 @@ def _target_programs(device: torch.device) -> int:
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, sizes: torch.Tensor,
-                    first_row: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, scale: float,
+def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
+                    sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
+                    k2: torch.Tensor, scale: float, radius_weight: float,
                     logits: torch.Tensor, out: Zones, rowmap: torch.Tensor | None) -> None:
     """Score every cluster and choose the zones (RetroInfer's index probe).
 
@@ -255,10 +256,14 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, sizes: torch.Tenso
         ``[rows * G, D]`` queries, the centroids' dtype.
     centroids : torch.Tensor
         ``[rows, C, D]``.
+    radii : torch.Tensor | None
+        ``[rows, C]`` float32 cluster radii; ``None`` ranks by the centroids alone.
     sizes, first_row : torch.Tensor
         ``[rows, C]`` int32.
     k1, k2 : torch.Tensor
         ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters.
+    radius_weight : float
+        Weight of the radius in the ranking logit ``scale * (q . c_j + w * |q| * r_j)``.
     logits : torch.Tensor
         ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
     out : Zones
@@ -276,16 +281,20 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, sizes: torch.Tenso
     pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)
     psum = torch.empty_like(pmax)
     block_g = max(16, triton.next_power_of_2(group))
-    LOGITS[(rows, splits)](q, centroids, sizes, logits, pmax, psum, num_clusters, split_len,
-                            splits, scale, G=group, D=dim, BLOCK_G=block_g,
-                            BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype))
+    use_radius = radius_weight != 0.0 and radii is not None
+    r = radii if use_radius else logits  # any pointer; unread without RADIUS
+    rscale = scale * radius_weight
+    LOGITS[(rows, splits)](q, centroids, sizes, r, logits, pmax, psum, num_clusters, split_len,
+                            splits, scale, rscale, G=group, D=dim, BLOCK_G=block_g,
+                            BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
+                            RADIUS=use_radius)
     score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
     block, nchunk = _select_grid(num_clusters)
     counts = _radix_counts(rows, dev)
-    SCORE[(rows, nchunk)](logits, pmax, psum, score, counts, num_clusters, splits, G=group,
-                           BLOCK_G=triton.next_power_of_2(group),
+    SCORE[(rows, nchunk)](logits, q, r, pmax, psum, score, counts, num_clusters, splits,
+                           rscale, G=group, D=dim, BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
-                           BITS=RADIX_BITS, BLOCK=block)
+                           BITS=RADIX_BITS, BLOCK=block, RADIUS=use_radius)
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out, rowmap)
 
 

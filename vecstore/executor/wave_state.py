@@ -91,6 +91,10 @@ class PreparedView:
         Indexed tokens over all rows, per KV head.
     buffer : WaveBuffer | None
         The block cache of an offloaded view.
+    radii : torch.Tensor | None
+        ``[rows, C]`` float32 cluster radii, or ``None`` when ranking by centroids alone.
+    radius_weight : float
+        The index's ``radius_weight`` (0.0 without radii).
     graph : CapturedStep | None
         The captured decode step (CUDA).
     """
@@ -109,6 +113,8 @@ class PreparedView:
     max_rows: int
     tokens_total: int
     buffer: WaveBuffer | None
+    radii: torch.Tensor | None
+    radius_weight: float
     graph: CapturedStep | None = None
 
 

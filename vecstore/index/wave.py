@@ -2,8 +2,9 @@
 
 Keys of each KV head are cut into segments of about ``segment_tokens``; every
 (head, segment) is clustered on its own, all of them batched into one set of matrix
-products. Per cluster the index keeps its mean key (centroid), size and value sum, and
-stores the cluster's rows contiguously.
+products. Per cluster the index keeps its mean key (centroid), radius (largest distance
+from the centroid to a member key), size and value sum, and stores the cluster's rows
+contiguously.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from vecstore.config import StoreConfig
 from vecstore.index.base import INDEXES, IndexView, Segment
 from vecstore.index.pages import group_softmax_rank
 
-__all__ = ["WaveIndex", "split_segments"]
+__all__ = ["WaveIndex", "bound_logits", "split_segments"]
 
 
 def split_segments(num_tokens: int, segment_tokens: int) -> list[int]:
@@ -30,7 +31,12 @@ def split_segments(num_tokens: int, segment_tokens: int) -> list[int]:
 
 @INDEXES.register("wave")
 class WaveIndex:
-    """Clusters keys with spherical k-means; ranks clusters by group-summed centroid softmax.
+    """Clusters keys with spherical k-means; ranks clusters by group-summed softmax.
+
+    A cluster's ranking logit is ``q·c + w·|q|·r`` (centroid ``c``, radius ``r``,
+    ``w = index.radius_weight``): at ``w = 1`` the Cauchy-Schwarz upper bound of its best
+    member's score, so a cluster holding one outlying key that the query seeks is not
+    buried under its mean; at ``w = 0`` the centroid score alone.
 
     Examples
     --------
@@ -49,6 +55,11 @@ class WaveIndex:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config.index
         self.clusterer = CLUSTERERS.get(config.cluster.kind)(seed=config.cluster.seed)
+
+    @property
+    def radius_weight(self) -> float:
+        """Weight of the cluster radius in the ranking logit (``index.radius_weight``)."""
+        return self.config.radius_weight
 
     def build(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> list[Segment]:
         H, N, D = keys.shape
@@ -87,14 +98,34 @@ class WaveIndex:
         idx = order[..., None].expand(-1, -1, D)
         k_sorted, v_sorted = keys.gather(1, idx), values.gather(1, idx)
         # plain mean centroids and value sums, in the original key space
-        key_sums = torch.zeros(H, k, D, device=keys.device).scatter_add_(
-            1, assign[..., None].expand(-1, -1, D), keys.float())
+        members = assign[..., None].expand(-1, -1, D)
+        key_sums = torch.zeros(H, k, D, device=keys.device).scatter_add_(1, members, keys.float())
         value_sums = torch.zeros(H, k, D, device=keys.device).scatter_add_(
-            1, assign[..., None].expand(-1, -1, D), values.float())
+            1, members, values.float())
         centroids = key_sums / sizes.clamp_min(1)[..., None]
+        spread = (keys.float() - centroids.gather(1, members)).norm(dim=-1)  # [H, n]
+        radii = torch.zeros(H, k, device=keys.device).scatter_reduce_(1, assign, spread, "amax")
         return Segment(start=start, end=start + n, keys=k_sorted, values=v_sorted,
-                       offsets=offsets, meta={"centroids": centroids, "value_sums": value_sums})
+                       offsets=offsets, meta={"centroids": centroids, "radii": radii,
+                                              "value_sums": value_sums})
 
     def rank(self, view: IndexView, q: torch.Tensor, scale: float) -> torch.Tensor:
-        logits = scale * torch.einsum("bhgld,bhcd->bhglc", q, view.meta["centroids"])
-        return group_softmax_rank(logits, view.sizes)
+        return group_softmax_rank(bound_logits(q, view.meta["centroids"], view.meta["radii"],
+                                               scale, self.radius_weight), view.sizes)
+
+
+def bound_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor, scale: float,
+                 weight: float) -> torch.Tensor:
+    """Ranking logits ``scale * (q·c + weight·|q|·r)``, ``[B, Hkv, G, L, C]``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, Hkv, G, L, D]`` grouped queries.
+    centroids, radii : torch.Tensor
+        ``[B, Hkv, C, D]`` and ``[B, Hkv, C]``.
+    """
+    logits = torch.einsum("bhgld,bhcd->bhglc", q, centroids)
+    if weight:
+        logits = logits + weight * q.norm(dim=-1, keepdim=True) * radii[:, :, None, None, :]
+    return scale * logits
