@@ -148,8 +148,9 @@ def layer_fidelity(captured: Captured, method: str, budget: float, *, task: str,
             q = captured.queries[layer]  # [Hq, n, D]
             n = q.shape[1]
             res = store.query([seq] * n, layer, q.transpose(0, 1)[:, :, None], scale=scale)
-            got = res.out[:, :, 0].transpose(0, 1).double()  # [Hq, n, D]
-            lse = res.lse[:, :, 0].transpose(0, 1).double()
+            # the store answers on its executor's device, the model may be elsewhere
+            got = res.out[:, :, 0].transpose(0, 1).to(q.device, torch.float64)  # [Hq, n, D]
+            lse = res.lse[:, :, 0].transpose(0, 1).to(q.device, torch.float64)
             ref, lse_ref = _reference(q, captured.keys[layer], captured.values[layer], scale)
             out.append(LayerFidelity(
                 task=task, method=method, layer=layer,
