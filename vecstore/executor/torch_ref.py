@@ -31,12 +31,13 @@ def gather_units(view: IndexView, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     M = int(per_head.max()) if per_head.numel() else 0
     valid = (torch.arange(M, device=ids.device) < per_head[:, None]).reshape(B, H, M)
     if view.keys.device.type == "cpu":
-        rows = (starts.reshape(B * H, R), lens.reshape(B * H, R))
+        # host rows (also a pinned tier under a GPU query): gathered on the host, then moved
+        rows = (starts.reshape(B * H, R).cpu(), lens.reshape(B * H, R).cpu())
         k = gather_clusters(view.keys.reshape(B * H, N, D), *rows,
                             out=view.keys.new_zeros(B * H, M, D)).out
         v = gather_clusters(view.values.reshape(B * H, N, D), *rows,
                             out=view.values.new_zeros(B * H, M, D)).out
-        return k.reshape(B, H, M, D), v.reshape(B, H, M, D), valid
+        return k.reshape(B, H, M, D).to(ids.device), v.reshape(B, H, M, D).to(ids.device), valid
     starts, lens = starts.reshape(-1), lens.reshape(-1)
     total = int(lens.sum())
     dev = ids.device

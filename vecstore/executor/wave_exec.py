@@ -163,6 +163,14 @@ class WaveExecutor:
                 old.buffer.close()
         return prep
 
+    def release_view(self, view: IndexView) -> None:
+        """Forget what was prepared for ``view`` and close its wave buffer (the store calls
+        this when the view is replaced, dropped or closed)."""
+        for key in [k for k, p in self._prepared.items() if p.view is view]:
+            prep = self._prepared.pop(key)
+            if prep.buffer is not None:
+                prep.buffer.close()
+
     def _build(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
         B, H, C = view.sizes.shape
         N, D = view.keys.shape[2:]

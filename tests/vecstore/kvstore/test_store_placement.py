@@ -286,3 +286,26 @@ def test_a_gpu_budget_too_small_for_the_buffer_fails_before_allocating():
             seq.query(0, torch.randn(H, 1, D))
         assert store.memory()[GPU_NAME][0] == meta
         assert not store._executor.buffers
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("executor", ["torch", "wave"])
+def test_pinned_rows_answer_cuda_queries_as_device_rows(executor):
+    gen = torch.Generator().manual_seed(4)
+    heads, dim, n = 2, 32, 3000
+    k, v = torch.randn(heads, n, dim, generator=gen), torch.randn(heads, n, dim, generator=gen)
+    q = torch.randn(4 * heads, 1, dim, generator=gen).cuda()
+    out = {}
+    for kind in ("memory", "pinned"):
+        cfg = {"kvstore": {"kind": kind}, "executor": {"kind": executor, "device": "cuda"},
+               "index": {"segment_tokens": 1024}}
+        with Store.open(config=cfg) as store:
+            seq = store.create("s", num_layers=1, num_kv_heads=heads, head_dim=dim,
+                               dtype="float32")
+            seq.append(0, k, v)
+            rows = seq.layers[0].rows
+            assert rows is not None and rows.keys.is_cuda == (kind == "memory")
+            assert rows.keys.is_pinned() == (kind == "pinned")
+            out[kind] = seq.query(0, q).out.cpu()
+    assert rel_err(out["pinned"], out["memory"]) < 1e-5
