@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from tests.reference import exact_attention, rel_err
 from vecstore import Store
+from vecstore.config import StoreConfig
 from vecstore.executor.merge import merge
 from vecstore.executor.torch_ref import estimate_units
 from vecstore.index.base import IndexView
 from vecstore.index.wave import WaveIndex
-from vecstore.config import StoreConfig
 
 
 def _wave_view(keys: torch.Tensor, values: torch.Tensor, tpc: int) -> IndexView:

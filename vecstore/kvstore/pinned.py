@@ -6,12 +6,19 @@ kernels read a step's missed clusters from it directly, without a staging copy.
 
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 from vecstore.errors import CapacityError
 from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, shape_bytes
 
 __all__ = ["PinnedKVStore"]
+
+
+def _page_aligned(num_bytes: int) -> torch.Tensor:
+    """``num_bytes`` of anonymous, page-aligned memory that no other allocation shares."""
+    return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.uint8)
 
 
 @KVSTORES.register("pinned")
@@ -51,15 +58,19 @@ class PinnedKVStore:
         out: list[torch.Tensor] = []
         try:
             for _ in range(2):
-                host = torch.empty(shape, dtype=dtype)
-                if self.is_pinned and host.numel():
-                    # register in place: torch's pinned allocator would round each tensor up
-                    # to a power of two, nearly doubling the pinned memory of a large layer
-                    size = host.numel() * host.element_size()
-                    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)
-                    if int(err) != 0:
-                        raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {size} "
-                                            f"bytes (cudaHostRegister error {int(err)})")
+                if not (self.is_pinned and num_bytes):
+                    out.append(torch.empty(shape, dtype=dtype))
+                    continue
+                # register pages of our own in place: torch's pinned allocator would round
+                # each tensor up to a power of two, nearly doubling a large layer's pinned
+                # memory, and heap memory may share a page with a range already registered
+                size = num_bytes // 2
+                host = _page_aligned(size).view(dtype).view(shape)
+                err = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0))
+                if err != 0:
+                    torch.cuda.cudart().cudaGetLastError()  # not left for torch to report
+                    raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {size} "
+                                        f"bytes (cudaHostRegister error {err})")
                 out.append(host)
         except BaseException:
             if self.is_pinned:
