@@ -103,12 +103,19 @@ class IndexView:
             shape[dim] = extra
             return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
+        pinned = any(v.keys.is_pinned() for v in views)
+
+        def rows(parts: list[torch.Tensor]) -> torch.Tensor:
+            # rows kept in pinned host memory stay pinned: the GPU reads them in place
+            out = torch.cat(parts)
+            return out.pin_memory() if pinned else out
+
         # padding units repeat the last offset, so they have size 0
         offsets = [torch.cat([v.offsets, v.offsets[..., -1:].expand(
             -1, -1, c + 1 - v.offsets.shape[2])], dim=2) for v in views]
         return IndexView(
-            keys=torch.cat([pad(v.keys, 2, n) for v in views]),
-            values=torch.cat([pad(v.values, 2, n) for v in views]),
+            keys=rows([pad(v.keys, 2, n) for v in views]),
+            values=rows([pad(v.values, 2, n) for v in views]),
             offsets=torch.cat(offsets),
             sizes=torch.cat([pad(v.sizes, 2, c) for v in views]),
             meta={k: torch.cat([pad(v.meta[k], 2, c) for v in views]) for k in views[0].meta},

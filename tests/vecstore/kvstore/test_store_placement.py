@@ -309,3 +309,26 @@ def test_pinned_rows_answer_cuda_queries_as_device_rows(executor):
             assert rows.keys.is_pinned() == (kind == "pinned")
             out[kind] = seq.query(0, q).out.cpu()
     assert rel_err(out["pinned"], out["memory"]) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batched_queries_over_pinned_rows_on_cuda():
+    gen = torch.Generator().manual_seed(5)
+    heads, dim = 2, 32
+    kv = [(torch.randn(heads, n, dim, generator=gen), torch.randn(heads, n, dim, generator=gen))
+          for n in (3000, 2200)]
+    q = torch.randn(2, 4 * heads, 1, dim, generator=gen).cuda()
+    out = {}
+    for kind in ("memory", "pinned"):
+        cfg = {"kvstore": {"kind": kind}, "executor": {"kind": "wave", "device": "cuda"},
+               "index": {"segment_tokens": 1024}}
+        with Store.open(config=cfg) as store:
+            seqs = []
+            for i, (k, v) in enumerate(kv):
+                seq = store.create(f"s{i}", num_layers=1, num_kv_heads=heads, head_dim=dim,
+                                   dtype="float32")
+                seq.append(0, k, v)
+                seqs.append(seq)
+            out[kind] = store.query(seqs, 0, q).out.cpu()
+    assert rel_err(out["pinned"], out["memory"]) < 1e-5
