@@ -147,6 +147,30 @@ def write_results(out_dir: Path, name: str, meta: dict[str, Any], rows: list[dic
     (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
+def plot_pairs(path: Path, labels: list[str], pairs: dict[str, list[float]], ylabel: str,
+               title: str, *, log: bool = False) -> None:
+    """Grouped bars: one group per label, one bar per series of ``pairs`` (to ``path``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(pairs)
+    for i, (series, values) in enumerate(pairs.items()):
+        xs = [j + (i - (len(pairs) - 1) / 2) * width for j in range(len(labels))]
+        ax.bar(xs, values, width, label=series)
+    ax.set_xticks(range(len(labels)), labels)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"

@@ -10,7 +10,7 @@ random tokens per sequence, then ``--steps`` greedy decode steps; decode tokens/
 - ``sdpa``: transformers' ``DynamicCache`` with ``attn_implementation="sdpa"``;
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor on the GPU.
 
-Writes ``e2e.{json,md}`` under ``--out`` (default ``benchmarks/results``).
+Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
     python benchmarks/e2e.py [--context 131072] [--batches 1 8] [--layers 4] [--out DIR]
 """
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
+from benchmarks.common import RESULTS, machine, plot_pairs, write_results  # noqa: E402
 
 
 def build_model(layers: int):
@@ -58,6 +58,16 @@ def run(model, cache, ids: torch.Tensor, steps: int) -> dict:
     return {"prefill_s": prefill, "decode_s": decode,
             "tokens_per_s": ids.shape[0] * steps / decode,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Decode tokens/s of both caches per batch (rows where both ran)."""
+    done = [r for r in rows if "speedup" in r]
+    plot_pairs(path, [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in done],
+               {"transformers + SDPA": [r["sdpa_tokens_per_s"] for r in done],
+                "vecstore wave cache": [r["wave_tokens_per_s"] for r in done]},
+               "decode tokens/s", f"end to end, {done[0]['context'] // 1024}K context"
+               if done else "end to end")
 
 
 def main() -> None:
@@ -109,6 +119,7 @@ def main() -> None:
             "sdpa_prefill_s", "wave_prefill_s", "sdpa_peak_gpu_gb", "wave_peak_gpu_gb",
             "wave_exact_fraction", "sdpa_error", "wave_error"]
     write_results(args.out, "e2e", meta, rows, cols, "End-to-end decode tokens/s")
+    plot(rows, args.out / "e2e.png")
     print("\n" + (args.out / "e2e.md").read_text(), flush=True)
 
 

@@ -5,7 +5,7 @@ time of ``WaveIndex.build`` over one layer's keys (every clusterer available on 
 and of the same layer's causal prefill attention (torch SDPA, flash kernel), both on the
 GPU, medians of wall-clock time around synchronised calls.
 
-Writes ``index_build.{json,md}`` under ``--out`` (default ``benchmarks/results``).
+Writes ``index_build.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
     python benchmarks/index_build.py [--contexts 131072 1048576] [--out DIR]
 """
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
+from benchmarks.common import RESULTS, machine, plot_pairs, write_results  # noqa: E402
 from vecstore.cluster import CLUSTERERS  # noqa: E402
 from vecstore.config import StoreConfig  # noqa: E402
 from vecstore.index.wave import WaveIndex  # noqa: E402
@@ -43,6 +43,16 @@ def wall(fn, reps: int, warmup: bool = True) -> float:
         torch.cuda.synchronize()
         out.append(time.perf_counter() - t0)
     return statistics.median(out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Seconds per layer: causal prefill attention against each clusterer's index build."""
+    kinds = [k for k in ("torch", "cupy") if any(f"build_{k}_s" in r for r in rows)]
+    plot_pairs(path, [f"{r['context'] // 1024}K" for r in rows],
+               {"prefill attention": [r["prefill_attention_s"] for r in rows],
+                **{f"index build ({k})": [r.get(f"build_{k}_s", 0.0) for r in rows]
+                   for k in kinds}},
+               "seconds per layer", "wave index build vs causal prefill attention", log=True)
 
 
 def main() -> None:
@@ -91,6 +101,7 @@ def main() -> None:
             "build_torch_over_prefill", "build_cupy_s", "build_cupy_over_prefill"]
     write_results(args.out, "index_build", meta, rows, cols,
                   "Wave index build per layer vs causal prefill attention")
+    plot(rows, args.out / "index_build.png")
     print("\n" + (args.out / "index_build.md").read_text(), flush=True)
 
 
