@@ -53,7 +53,8 @@ def check_tensor(
         raise ShapeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     want = _fmt(shape) + (f" {str(dtype).removeprefix('torch.')}" if dtype else "")
     got = _fmt(tuple(x.shape)) + f" {str(x.dtype).removeprefix('torch.')}"
-    if x.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, x.shape, strict=True)):
+    if x.dim() != len(shape) or any(
+            s is not None and s != n for s, n in zip(shape, x.shape, strict=True)):
         raise ShapeError(f"{name}: expected shape {want}, got {got}")
     if dtype is not None and x.dtype != dtype:
         raise ShapeError(f"{name}: expected dtype {want}, got {got}")
