@@ -91,6 +91,7 @@ def synthetic_view(batch: int, tokens: int, heads: int, dim: int, *, tokens_per_
     values = torch.empty_like(keys)
     cents = torch.zeros(batch, heads, num, dim, device=device)
     vsums = torch.zeros_like(cents)
+    radii = torch.zeros(batch, heads, num, device=device)
     for b in range(batch):
         for h in range(heads):
             unit = torch.repeat_interleave(torch.arange(num, device=device), sizes[b, h])
@@ -99,12 +100,8 @@ def synthetic_view(batch: int, tokens: int, heads: int, dim: int, *, tokens_per_
             v = torch.randn(tokens, dim, generator=gen, device=device)
             keys[b, h], values[b, h] = k.to(dtype), v.to(dtype)
             cents[b, h].index_add_(0, unit, keys[b, h].float())
+            cents[b, h] /= sizes[b, h, :, None].clamp_min(1)
             vsums[b, h].index_add_(0, unit, values[b, h].float())
-    cents /= sizes[..., None].clamp_min(1)
-    radii = torch.zeros(batch, heads, num, device=device)
-    for b in range(batch):
-        for h in range(heads):
-            unit = torch.repeat_interleave(torch.arange(num, device=device), sizes[b, h])
             spread = (keys[b, h].float() - cents[b, h, unit]).norm(dim=-1)
             radii[b, h].scatter_reduce_(0, unit, spread, "amax")
     return IndexView(keys=keys, values=values, offsets=offsets, sizes=sizes,
