@@ -85,7 +85,11 @@ def synthetic_view(batch: int, tokens: int, heads: int, dim: int, *, tokens_per_
     num = tokens // tokens_per_cluster
     sizes = torch.randint(lo, hi + 1, (batch, heads, num), generator=gen, device=device)
     sizes = (sizes * tokens / sizes.sum(-1, keepdim=True)).long().clamp_min(1)
-    sizes[..., -1] += tokens - sizes.sum(-1)  # rows of a head sum to ``tokens``
+    # rows of a head sum to ``tokens``: the rounding remainder, one row each to the first
+    # clusters (not all to the last, which would make one cluster thousands of rows long)
+    rest = tokens - sizes.sum(-1, keepdim=True)
+    sizes += (torch.arange(num, device=device) < rest).long()
+    sizes[..., -1] += tokens - sizes.sum(-1)  # only if clamping made the sum overshoot
     offsets = torch.cat([sizes.new_zeros(batch, heads, 1), sizes.cumsum(-1)], dim=-1)
     keys = torch.empty(batch, heads, tokens, dim, dtype=dtype, device=device)
     values = torch.empty_like(keys)

@@ -43,9 +43,13 @@ def test_registered():
     assert EXECUTORS.get("wave") is WaveExecutor
 
 
+@pytest.mark.parametrize("row_radix_max", [1 << 20, 0], ids=["row-programs", "pass-launches"])
 @interpreted
-def test_select_zones_is_a_stable_top_k():
+def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
+    from vecstore.executor import wave_select
     from vecstore.executor.wave_select import select_zones
+
+    monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
 
     gen = torch.Generator().manual_seed(0)
     rows, C = 6, 2500  # three chunks of 1024
@@ -76,10 +80,15 @@ def test_select_zones_is_a_stable_top_k():
         assert z.first_row[r, :n].tolist() == first[r, ret].tolist()
 
 
-@pytest.mark.parametrize(("offload", "radius_weight"),
-                         [(False, 0.5), (True, 0.5), (False, 0.0), (False, 2.0)])
+@pytest.mark.parametrize(("offload", "radius_weight", "row_radix_max"),
+                         [(False, 0.5, 8192), (True, 0.5, 8192), (False, 0.0, 8192),
+                          (False, 2.0, 8192), (False, 0.5, 0)])
 @interpreted
-def test_float32_scoring_matches_reference_exactly(offload, radius_weight):
+def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_weight,
+                                                   row_radix_max):
+    from vecstore.executor import wave_select
+
+    monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
     gen = torch.Generator().manual_seed(1)
     cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
         **CFG.to_dict()["index"], "radius_weight": radius_weight}})

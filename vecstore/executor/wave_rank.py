@@ -1,8 +1,9 @@
 """Triton kernels that rank clusters: centroid logits, and the GQA-summed softmax score.
 
 The score ranks by ``logit_j + rscale * |q_g| * r_j`` (``rscale = scale * w``, ``r_j`` the
-cluster radius, :func:`vecstore.index.wave.bound_logits`); the stored logits stay the plain
-centroid logits, which the estimation zone uses.
+cluster radius, :func:`vecstore.index.wave.bound_logits`). The logits kernel writes the plain
+centroid logits, which the estimation zone uses, and, when radii are given, these ranking
+logits beside them, so the score kernel only reads what it ranks.
 
 The score kernel also runs the first pass of the radix select of
 :mod:`vecstore.executor.wave_select` over the scores it writes, saving a read and a launch.
@@ -11,7 +12,6 @@ Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g``.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from vecstore.executor.wave_radix import radix_count, radix_keys
@@ -20,30 +20,14 @@ from vecstore.kernels._backend import LazyKernel
 __all__ = ["LOGITS", "SCORE"]
 
 
-@triton.jit
-def _query_norms(q_ptr, qrows, g_mask, D: tl.constexpr):
-    offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None],
-                other=0.0).to(tl.float32)
-    return tl.sqrt(tl.sum(q * q, axis=1))
-
-
-@triton.jit
-def _rank_logits(lg, r_ptr, row, offs_c, c_mask, qn, rscale, C, RADIUS: tl.constexpr):
-    if RADIUS:
-        r = tl.load(r_ptr + row * C + offs_c, mask=c_mask, other=0.0)
-        return lg + rscale * qn[:, None] * r[None, :]
-    return lg
-
-
 def _logits_kernel(
-    q_ptr, c_ptr, n_ptr, r_ptr, logits_ptr, pmax_ptr, psum_ptr, C, split_len, num_splits,
-    scale, rscale, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
+    q_ptr, c_ptr, n_ptr, r_ptr, logits_ptr, rank_ptr, pmax_ptr, psum_ptr, C, split_len,
+    num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr, RADIUS: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
-    # read once per group), -inf for empty clusters, and each head's max and sum of exp of
-    # the ranking logits
+    # read once per group), -inf for empty clusters; with RADIUS the ranking logits too; and
+    # each head's max and sum of exp of the ranking logits
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     offs_g = tl.arange(0, BLOCK_G)
@@ -51,9 +35,10 @@ def _logits_kernel(
     g_mask = offs_g < G
     qrows = row * G + offs_g
     q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    qf = q.to(tl.float32)
     if DOT_F32:
-        q = q.to(tl.float32)
-    qn = _query_norms(q_ptr, qrows, g_mask, D)
+        q = qf
+    qn = tl.sqrt(tl.sum(qf * qf, axis=1))
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     s_i = tl.zeros([BLOCK_G], tl.float32)
     start = split * split_len
@@ -68,9 +53,13 @@ def _logits_kernel(
         n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=0)
         lg = tl.dot(q, tl.trans(cent)) * scale
         lg = tl.where((n > 0)[None, :], lg, float("-inf"))
-        tl.store(logits_ptr + qrows[:, None] * C + offs_c[None, :], lg,
-                 mask=g_mask[:, None] & c_mask[None, :])
-        rl = _rank_logits(lg, r_ptr, row, offs_c, c_mask, qn, rscale, C, RADIUS)
+        out_mask = g_mask[:, None] & c_mask[None, :]
+        tl.store(logits_ptr + qrows[:, None] * C + offs_c[None, :], lg, mask=out_mask)
+        rl = lg
+        if RADIUS:
+            r = tl.load(r_ptr + row * C + offs_c, mask=c_mask, other=0.0)
+            rl = lg + rscale * qn[:, None] * r[None, :]
+            tl.store(rank_ptr + qrows[:, None] * C + offs_c[None, :], rl, mask=out_mask)
         m_new = tl.maximum(m_i, tl.max(rl, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         s_i = s_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(rl - m_safe[:, None]), axis=1)
@@ -80,9 +69,9 @@ def _logits_kernel(
 
 
 def _score_kernel(
-    logits_ptr, q_ptr, r_ptr, pmax_ptr, psum_ptr, score_ptr, counts_ptr, C, num_splits,
-    rscale, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, RADIUS: tl.constexpr,
+    rank_ptr, pmax_ptr, psum_ptr, score_ptr, counts_ptr, C, num_splits,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # ranking score sum_g softmax_g(ranking logits)_j of a chunk, then the first radix pass
     row = tl.program_id(0).to(tl.int64)
@@ -101,11 +90,8 @@ def _score_kernel(
     inv_z = 1.0 / tl.where(z > 0, z, 1.0)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
-    lg = tl.load(logits_ptr + qrows[:, None] * C + idx[None, :],
+    lg = tl.load(rank_ptr + qrows[:, None] * C + idx[None, :],
                  mask=g_mask[:, None] & valid[None, :], other=float("-inf"))
-    if RADIUS:
-        lg = _rank_logits(lg, r_ptr, row, idx, valid, _query_norms(q_ptr, qrows, g_mask, D),
-                          rscale, C, RADIUS)
     sc = tl.sum(tl.exp(lg - m[:, None]) * inv_z[:, None], axis=0)
     sc = tl.where(tl.max(lg, axis=0) > float("-inf"), sc, float("-inf"))
     tl.store(score_ptr + row * C + idx, sc, mask=valid)
@@ -116,6 +102,7 @@ def _score_kernel(
 
 
 LOGITS = LazyKernel(_logits_kernel)
-"""Grid ``(rows, splits)``: logits ``[rows * G, C]`` and per-split max / sum of exp."""
+"""Grid ``(rows, splits)``: logits (and ranking logits) ``[rows * G, C]``, per-split max /
+sum of exp."""
 SCORE = LazyKernel(_score_kernel)
 """Grid ``(rows, chunks)``: score ``[rows, C]`` and the counts of radix pass 0."""

@@ -3,7 +3,7 @@
 ``rank_and_select`` — centroid logits of the G query heads of each (sequence, KV head) row
 (one ``tl.dot`` per tile, each centroid read once per group), the GQA-summed softmax score
 fused with the first radix pass, then the ``k1``-th and ``k2``-th largest scores by a radix
-select over all (row, chunk) programs (no sort; :mod:`vecstore.executor.wave_radix`),
+select (no sort; :mod:`vecstore.executor.wave_radix`),
 per-chunk counts, one scan per row, and a parallel write that marks each cluster retrieved
 (rank < k1), estimated (k1 <= rank < k2) or dropped, compacts the retrieved ids with their
 first row and the running sum of their sizes, and the estimated ids. Ties rank by cluster
@@ -27,6 +27,8 @@ from vecstore.executor.wave_radix import (
     RADIX_BITS,
     RADIX_PASSES,
     radix_count,
+    radix_digit,
+    radix_histogram,
     radix_keys,
     radix_threshold,
 )
@@ -39,6 +41,13 @@ if TYPE_CHECKING:
 __all__ = ["rank_and_select", "select_zones"]
 
 _SELECT_BLOCK = 1024
+# Rows of at most _ROW_RADIX_MAX clusters run the radix passes after the first in one
+# launch, a program per row and threshold; longer rows one launch per pass over all (row,
+# chunk) programs, since one program's walk grows with the row (H200: 18 us against 25 us
+# at 8 x 8192 clusters, 170 us against 64 us at 4 x 65536)
+_ROW_RADIX_MAX = 8192
+_RADIX_BLOCK = 4096  # scores per step of a row program's walk
+_RADIX_WARPS = 16
 _BLOCK_LOGITS = 64  # centroids per tile of the logits kernel
 
 
@@ -59,6 +68,30 @@ def _radix_pass_kernel(
     key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
     radix_count(key, valid, t1, h1, PASS, BITS)
     radix_count(key, valid, t2, h2, PASS, BITS)
+
+
+def _radix_rows_kernel(
+    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
+    FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
+    # whole row; counts[row, which, pass] of the passes before FIRST are given, the others
+    # written
+    row = tl.program_id(0).to(tl.int64)
+    which = tl.program_id(1)
+    k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
+    hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
+    bins = tl.arange(0, 1 << BITS)
+    t = tl.zeros([1], tl.uint32)
+    above = tl.zeros([1], tl.int32)
+    for p in tl.static_range(PASSES):
+        if p < FIRST:
+            h = tl.load(hist + p * (1 << BITS) + bins)
+        else:
+            h = radix_histogram(score_ptr + row * C, C, tl.sum(t, axis=0), p, BITS, BLOCK)
+            tl.store(hist + p * (1 << BITS) + bins, h)
+        d, above = radix_digit(h[None, :], above, k, p, BITS)
+        t = t | d
 
 
 def _zone_stats_kernel(
@@ -230,7 +263,8 @@ def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
             tl.store(rowmap_ptr + row * M + p0 + offs, first + offs, mask=offs < n)
 
 
-_RADIX = LazyKernel(_radix_pass_kernel)
+_RADIX_PASS = LazyKernel(_radix_pass_kernel)
+_RADIX_ROWS = LazyKernel(_radix_rows_kernel)
 _STATS = LazyKernel(_zone_stats_kernel)
 _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
@@ -282,19 +316,19 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     psum = torch.empty_like(pmax)
     block_g = max(16, triton.next_power_of_2(group))
     use_radius = radius_weight != 0.0 and radii is not None
+    rank = torch.empty_like(logits) if use_radius else logits
     r = radii if use_radius else logits  # any pointer; unread without RADIUS
-    rscale = scale * radius_weight
-    LOGITS[(rows, splits)](q, centroids, sizes, r, logits, pmax, psum, num_clusters, split_len,
-                            splits, scale, rscale, G=group, D=dim, BLOCK_G=block_g,
-                            BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
-                            RADIUS=use_radius)
+    LOGITS[(rows, splits)](q, centroids, sizes, r, logits, rank, pmax, psum, num_clusters,
+                            split_len, splits, scale, scale * radius_weight, G=group, D=dim,
+                            BLOCK_G=block_g, BLOCK_C=_BLOCK_LOGITS,
+                            DOT_F32=needs_f32_dot(q.dtype), RADIUS=use_radius)
     score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
     block, nchunk = _select_grid(num_clusters)
     counts = _radix_counts(rows, dev)
-    SCORE[(rows, nchunk)](logits, q, r, pmax, psum, score, counts, num_clusters, splits,
-                           rscale, G=group, D=dim, BLOCK_G=triton.next_power_of_2(group),
+    SCORE[(rows, nchunk)](rank, pmax, psum, score, counts, num_clusters, splits, G=group,
+                           BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
-                           BITS=RADIX_BITS, BLOCK=block, RADIUS=use_radius)
+                           BITS=RADIX_BITS, BLOCK=block)
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out, rowmap)
 
 
@@ -341,8 +375,13 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     bases = torch.empty(rows, nchunk + 1, 5, dtype=torch.int32, device=dev)
     r_max = out.ids.shape[1]
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
-    for p in range(first_pass, RADIX_PASSES):
-        _RADIX[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
+    if num_clusters <= _ROW_RADIX_MAX:
+        _RADIX_ROWS[(rows, 2)](score, k1, k2, counts, num_clusters, FIRST=first_pass,
+                               PASSES=RADIX_PASSES, BITS=RADIX_BITS, BLOCK=_RADIX_BLOCK,
+                               num_warps=_RADIX_WARPS)
+    else:
+        for p in range(first_pass, RADIX_PASSES):
+            _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
     _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
     _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
                    out.est_count, num_clusters, nchunk, r_max,
