@@ -171,14 +171,13 @@ class WaveBuffer:
             torch.cuda.current_stream(self.device).wait_event(self._misses_done)
             self._misses_done = None
 
-    def admit(self) -> None:
-        """Give misses the next usable victim slots and copy them in from the execution buffer.
+    def plan_admission(self) -> None:
+        """Give misses the next usable victim slots (device bookkeeping only).
 
         A slot is usable if the current victim list has not handed it out already and no
-        cluster of this step is in it.
+        cluster of this step is in it. It reads no KV, so it runs while
+        :meth:`fill_misses` is still copying; :meth:`admit` then moves the rows.
         """
-        from vecstore.executor.wave_kernels import copy_clusters
-
         zones = self._zones
         assert zones is not None
         S, C = self.num_slots, self.num_clusters
@@ -205,7 +204,14 @@ class WaveBuffer:
         self.slot_of[:, C] = -1
         self.admitted.copy_(adm)
         self.evicted.copy_(old)
-        copy_clusters(2, zones, self.admitted, self.exec_k, self.exec_v, self.cache_k,
+
+    def admit(self) -> None:
+        """Copy the misses given a slot by :meth:`plan_admission` from the execution buffer
+        into the cache (after :meth:`wait_misses`: the rows must have arrived)."""
+        from vecstore.executor.wave_kernels import copy_clusters
+
+        assert self._zones is not None
+        copy_clusters(2, self._zones, self.admitted, self.exec_k, self.exec_v, self.cache_k,
                       self.cache_v, self.slot_tokens)
 
     # -- between steps (host) ----------------------------------------------------------

@@ -34,7 +34,7 @@ from vecstore.executor.plan import zone_sizes
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_state import CapturedStep, DecodeResult, PreparedView, Zones
 from vecstore.index.base import Index, IndexView
-from vecstore.kernels._backend import resolve_backend
+from vecstore.kernels._backend import is_interpreted, resolve_backend
 from vecstore.types import QueryStats
 
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
@@ -97,6 +97,7 @@ class WaveExecutor:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
+        self._resolved: dict[tuple[str, torch.device, bool], str] = {}
 
     # -- Executor protocol ---------------------------------------------------------------
     def run(
@@ -111,25 +112,17 @@ class WaveExecutor:
         q2 = q[:, :, 0].contiguous()
         if self.use_graphs and q.device.type == "cuda":
             res = self._replay(prep, steady, q2, scale)
+            assert prep.graph is not None and prep.graph.stats is not None
+            values = prep.graph.stats.clone()
         else:
             if prep.buffer is not None:
                 prep.buffer.begin_step()
             res = self.decode(prep, steady, q2, scale)
             if prep.buffer is not None:
                 prep.buffer.finish_step()
-        H = prep.sizes.shape[0] // B
-        # stats (one host sync): exact rows, units, estimated share of the softmax mass
-        lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
-        share = torch.exp(lse_e - res.lse.reshape(-1)).nan_to_num(0.0)
-        got = torch.stack([res.zones.cum.gather(1, res.zones.count[:, None].long()).sum(),
-                           res.zones.count.sum(), res.zones.est_count.sum()]).tolist()
-        mass = float(share.mean()) if got[2] else 0.0
-        steady_rows = int(steady.lengths.sum())
-        stats = QueryStats(
-            tokens_total=steady_rows + prep.tokens_total // H,
-            tokens_exact=round((steady_rows * H + got[0]) / H),
-            units_retrieved=int(got[1]), units_estimated=int(got[2]), estimated_mass=mass,
-        )
+            values = _stats(res, steady.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
+        # read back only when someone reads the stats: the step never waits for the device
+        stats = QueryStats.deferred(values)
         # clones: a graph's outputs are overwritten by its next replay
         return res.out[:, :, None].clone(), res.lse[:, :, None].clone(), stats
 
@@ -145,7 +138,11 @@ class WaveExecutor:
             return False
         if self.backend == "torch":
             return False
-        return resolve_backend(self.backend, q.device) == "triton"
+        key = (self.backend, q.device, is_interpreted())
+        resolved = self._resolved.get(key)
+        if resolved is None:
+            resolved = self._resolved[key] = resolve_backend(self.backend, q.device)
+        return resolved == "triton"
 
     # -- preparation ---------------------------------------------------------------------
     def prepare(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
@@ -266,6 +263,7 @@ class WaveExecutor:
         if buf is None:
             attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
         else:
+            buf.plan_admission()  # device bookkeeping, while the misses still cross PCIe
             buf.wait_misses()
             attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
             buf.admit()
@@ -328,4 +326,25 @@ class WaveExecutor:
         # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             res = self.decode(prep, static, qs, scale)
-        return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res)
+            stats = _stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
+        return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
+
+
+def _stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H: int,
+           ) -> torch.Tensor:
+    """The step's :class:`QueryStats` fields as a float64 ``[5]`` tensor on the device,
+    computed without a host sync: tokens total and exact (per KV head), units retrieved and
+    estimated, and the estimation zone's mean share of the softmax mass (0 when no unit was
+    estimated). ``indexed`` is the view's token count over all rows and heads."""
+    zones = res.zones
+    exact = zones.cum.gather(1, zones.count[:, None].long()).sum()
+    retrieved, estimated = zones.count.sum(), zones.est_count.sum()
+    lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
+    share = torch.exp(lse_e - res.lse.reshape(-1)).nan_to_num(0.0)
+    mass = torch.where(estimated > 0, share.mean().double(), 0.0)
+    steady_rows = steady_lengths.sum().to(exact.device)
+    # float64 arithmetic equals Python's on these integers (all below 2**53); round() and
+    # torch.round both round half to even
+    total = (steady_rows + indexed // H).double()
+    tokens_exact = torch.round((steady_rows * H + exact).double() / H)
+    return torch.stack([total, tokens_exact, retrieved.double(), estimated.double(), mass])

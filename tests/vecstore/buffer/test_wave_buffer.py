@@ -45,6 +45,7 @@ def _step(buf, zones):
     buf.lookup(zones)
     buf.fill_misses()
     buf.fill_hits()
+    buf.plan_admission()
     buf.wait_misses()
     buf.admit()
     buf.finish_step()
