@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 
 from vecstore import Sequence, Store
+from vecstore.checks import check_all_finite
 from vecstore.types import QueryStats
 
 __all__ = ["ingest", "query_store", "decode"]
 
 
 def ingest(seqs: list[Sequence], layer: int, k: torch.Tensor, v: torch.Tensor,
-           valid: torch.Tensor | None) -> None:
+           valid: torch.Tensor | None, *, finite: bool = True) -> None:
     """Append each row's valid tokens to its sequence (padding is never stored).
 
     Parameters
@@ -30,24 +31,31 @@ def ingest(seqs: list[Sequence], layer: int, k: torch.Tensor, v: torch.Tensor,
         ``[B, Hkv, L, D]`` post-RoPE keys and values of the step.
     valid : torch.Tensor | None
         ``[B, L]`` bool; ``None`` = every token is valid.
+    finite : bool
+        Scan each row's keys and values for NaN/Inf (``False``: the caller did, for all
+        rows at once).
     """
     for b, seq in enumerate(seqs):
         if valid is None:
-            seq.append(layer, k[b], v[b])
+            seq._append(layer, k[b], v[b], finite=finite)
             continue
         keep = valid[b].nonzero().flatten()
         if keep.numel():
-            seq.append(layer, k[b].index_select(1, keep), v[b].index_select(1, keep))
+            seq._append(layer, k[b].index_select(1, keep), v[b].index_select(1, keep),
+                        finite=finite)
 
 
 def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor, QueryStats | None]:
+                scale: float, *, finite: bool = True,
+                ) -> tuple[torch.Tensor, torch.Tensor, QueryStats | None]:
     """Attention of each row's queries over every token its sequence stores.
 
     Parameters
     ----------
     q : torch.Tensor
         ``[B, Hq, L, D]``.
+    finite : bool
+        Scan ``q`` for NaN/Inf (``False``: the caller did).
 
     Returns
     -------
@@ -57,13 +65,14 @@ def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
         row stores anything).
     """
     rows = [b for b, s in enumerate(seqs) if s.tokens(layer) > 0]
+    if len(rows) == len(seqs):
+        _, scale = store.check_query(seqs, layer, q, scale, finite=finite, grouped=False)
+        res = store._query(seqs, layer, q, scale)
+        return res.out.to(q.device), res.lse.to(q.device), res.stats
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], float("-inf"), device=q.device)
     if not rows:
         return out, lse, None
-    if len(rows) == len(seqs):
-        res = store.query(seqs, layer, q, scale=scale)
-        return res.out.to(q.device), res.lse.to(q.device), res.stats
     index = torch.tensor(rows, device=q.device)
     res = store.query([seqs[b] for b in rows], layer, q.index_select(0, index), scale=scale)
     out.index_copy_(0, index, res.out.to(q.device))
@@ -98,6 +107,14 @@ def decode(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: t
     tuple[torch.Tensor, QueryStats | None]
         ``out [B, Hq, 1, D]`` and the store's stats for the step.
     """
+    if valid is None:
+        # every row stores its token and is queried: one NaN/Inf scan (one host sync) for
+        # k, v and q of all rows, before anything is stored, and one transaction
+        check_all_finite(keys=k, values=v, q=q)
+        with store.transaction():
+            ingest(seqs, layer, k, v, None, finite=False)
+        out, _, stats = query_store(store, seqs, layer, q, scale, finite=False)
+        return out, stats
     ingest(seqs, layer, k, v, valid)
     out, _, stats = query_store(store, seqs, layer, q, scale)
     return out, stats

@@ -24,6 +24,8 @@ from vecstore.types import QueryStats
 
 __all__ = ["StoreAttention", "DecodeStats"]
 
+_MAX_PENDING = 4096  # decode stats kept unread before they are folded (one sync each time)
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeStats:
@@ -94,7 +96,21 @@ class StoreAttention:
             raise InvalidValueError("seqs: expected at least one sequence")
         self.store = store
         self.seqs = list(seqs)
-        self.decode_stats = DecodeStats()
+        self._stats = DecodeStats()
+        self._pending: list[QueryStats] = []  # not folded into _stats yet (maybe deferred)
+
+    @property
+    def decode_stats(self) -> DecodeStats:
+        """What the decode queries read so far, summed (reads back any stats the device
+        still holds: one host sync, only when asked)."""
+        self._fold()
+        return self._stats
+
+    def _fold(self) -> None:
+        QueryStats.materialize(self._pending)
+        for stats in self._pending:
+            self._stats = self._stats.add(stats)
+        self._pending.clear()
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  valid: torch.Tensor | None = None, scale: float | None = None,
@@ -126,7 +142,10 @@ class StoreAttention:
         if L == 1 and any(s.tokens(layer) > 0 for s in self.seqs):
             out, stats = decode(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
             if stats is not None:
-                self.decode_stats = self.decode_stats.add(stats)
+                # kept as is: folding reads deferred stats back, a host sync per step
+                self._pending.append(stats)
+                if len(self._pending) >= _MAX_PENDING:
+                    self._fold()
             return out
         out, _ = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
         return out

@@ -44,14 +44,31 @@ class BatchViews:
 
 
 def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
-    """The steady zones of ``layer`` of ``seqs``, zero-padded to ``[B, Hkv, S, D]``."""
+    """The steady zones of ``layer`` of ``seqs``, zero-padded to ``[B, Hkv, S, D]``.
+
+    Never waits for the device: rows of one length (a single row, or a batch without
+    padding) are stacked without padding and their lengths filled on the device; only
+    rows of different lengths copy their lengths from (pinned) host memory, asynchronously.
+    """
     parts = [s.layers[layer].steady() for s in seqs]
-    S = max(k.shape[1] for k, _ in parts)
+    sizes = [k.shape[1] for k, _ in parts]
+    S = max(sizes)
+    dev = parts[0][0].device
+    if len(parts) == 1:
+        k, v = parts[0]
+        return Steady(k[None], v[None], torch.full((1,), S, dtype=torch.long, device=dev))
+    if min(sizes) == S:
+        return Steady(torch.stack([k for k, _ in parts]), torch.stack([v for _, v in parts]),
+                      torch.full((len(parts),), S, dtype=torch.long, device=dev))
 
     def pad(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, x.new_zeros(x.shape[0], S - x.shape[1], x.shape[2])], dim=1)
 
-    lengths = torch.tensor([k.shape[1] for k, _ in parts], device=parts[0][0].device)
+    lengths = torch.tensor(sizes)
+    if dev.type == "cuda":
+        lengths = lengths.pin_memory().to(dev, non_blocking=True)
+    else:
+        lengths = lengths.to(dev)
     return Steady(torch.stack([pad(k) for k, _ in parts]),
                   torch.stack([pad(v) for _, v in parts]), lengths)
 

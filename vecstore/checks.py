@@ -8,7 +8,8 @@ import torch
 
 from vecstore.errors import InvalidValueError, ShapeError
 
-__all__ = ["check_tensor", "check_finite", "check_index", "parse_dtype", "SUPPORTED_DTYPES"]
+__all__ = ["check_tensor", "check_finite", "check_all_finite", "check_index", "parse_dtype",
+           "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = {
     "float32": torch.float32,
@@ -51,21 +52,32 @@ def check_tensor(
     """
     if not isinstance(x, torch.Tensor):
         raise ShapeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    want = _fmt(shape) + (f" {str(dtype).removeprefix('torch.')}" if dtype else "")
-    got = _fmt(tuple(x.shape)) + f" {str(x.dtype).removeprefix('torch.')}"
-    if x.dim() != len(shape) or any(
-            s is not None and s != n for s, n in zip(shape, x.shape, strict=True)):
-        raise ShapeError(f"{name}: expected shape {want}, got {got}")
-    if dtype is not None and x.dtype != dtype:
-        raise ShapeError(f"{name}: expected dtype {want}, got {got}")
+    bad_shape = x.dim() != len(shape) or any(
+        s is not None and s != n for s, n in zip(shape, x.shape, strict=True))
+    if bad_shape or (dtype is not None and x.dtype != dtype):
+        # the message is built only on failure: this runs on every append and query
+        want = _fmt(shape) + (f" {str(dtype).removeprefix('torch.')}" if dtype else "")
+        got = _fmt(tuple(x.shape)) + f" {str(x.dtype).removeprefix('torch.')}"
+        what = "shape" if bad_shape else "dtype"
+        raise ShapeError(f"{name}: expected {what} {want}, got {got}")
     return x
 
 
 def check_finite(x: torch.Tensor, name: str) -> None:
-    """Raise :class:`InvalidValueError` if ``x`` holds NaN or Inf."""
+    """Raise :class:`InvalidValueError` if ``x`` holds NaN or Inf (a host sync on a device)."""
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
         raise InvalidValueError(f"{name}: contains {bad} NaN/Inf value(s)")
+
+
+def check_all_finite(**tensors: torch.Tensor) -> None:
+    """:func:`check_finite` of several tensors with one host sync for all of them (they
+    must share a device); raises naming the first, in argument order, that is not."""
+    items = list(tensors.items())
+    ok = torch.stack([torch.isfinite(t).all() for _, t in items]).tolist()
+    for (name, t), good in zip(items, ok, strict=True):
+        if not good:
+            check_finite(t, name)
 
 
 def check_index(value: object, name: str, upper: int) -> int:

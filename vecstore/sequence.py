@@ -116,6 +116,12 @@ class Sequence:
         ShapeError, InvalidValueError, SequenceDroppedError
             Before anything is stored.
         """
+        self._append(layer, keys, values)
+
+    def _append(self, layer: int, keys: torch.Tensor, values: torch.Tensor, *,
+                finite: bool = True) -> None:
+        """:meth:`append`; ``finite=False`` skips the NaN/Inf scan (a host sync on a
+        device) for a caller that checked the tensors already."""
         self._check_alive()
         check_index(layer, "layer", self.num_layers)
         shape = (self.num_kv_heads, None, self.head_dim)
@@ -125,8 +131,9 @@ class Sequence:
         if keys.shape[1] == 0:
             raise ShapeError("keys: expected at least one token, got shape "
                              f"{tuple(keys.shape)}")
-        check_finite(keys, "keys")
-        check_finite(values, "values")
+        if finite:
+            check_finite(keys, "keys")
+            check_finite(values, "values")
         dev = self.layers[layer].device
         self._store.append_tokens(self, layer, keys.to(dev).contiguous(),
                                   values.to(dev).contiguous())

@@ -334,9 +334,12 @@ class Store:
             seq.layers[layer].append(keys, values)
 
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
-                    scale: float | None) -> tuple[torch.Tensor, float]:
+                    scale: float | None, *, finite: bool = True,
+                    grouped: bool = True) -> tuple[torch.Tensor, float]:
         """Validate a batched query; returns ``q`` grouped ``[B, Hkv, G, L, D]`` (float32)
-        and the scale."""
+        and the scale. ``finite=False`` skips the NaN/Inf scan of ``q`` (a host sync on a
+        device) for a caller that checked it already; ``grouped=False`` returns ``q`` as
+        given (not converted)."""
         self.check_open()
         if not isinstance(seqs, (list, tuple)) or not seqs:
             raise InvalidValueError("seqs: expected a non-empty list of Sequence")
@@ -362,11 +365,14 @@ class Store:
         if Hq == 0 or Hq % H or L == 0:
             raise ShapeError(f"q: expected (B, Hq, L, {D}) with Hq a positive multiple of the "
                              f"{H} KV heads and L >= 1, got {tuple(q.shape)}")
-        check_finite(q, "q")
+        if finite:
+            check_finite(q, "q")
         if scale is None:
             scale = 1.0 / math.sqrt(D)
         elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise InvalidValueError(f"scale: expected a positive finite number, got {scale!r}")
+        if not grouped:
+            return q, float(scale)
         q = q.to(first.layers[layer].device)
         return q.float().reshape(B, H, Hq // H, L, D), float(scale)
 
@@ -390,7 +396,13 @@ class Store:
         QueryResult
             ``out [B, Hq, L, D]``, ``lse [B, Hq, L]``, stats summed over the batch.
         """
-        _, scale = self.check_query(seqs, layer, q, scale)
+        # the grouped float32 copy of q is for search(); the executors take q as given
+        _, scale = self.check_query(seqs, layer, q, scale, grouped=False)
+        return self._query(seqs, layer, q, scale)
+
+    def _query(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
+               scale: float) -> QueryResult:
+        """:meth:`query` of a query :meth:`check_query` accepted."""
         q = q.to(seqs[0].layers[layer].device)
         steady = stack_steady(seqs, layer)
         view = self._batch_views.view(seqs, layer)

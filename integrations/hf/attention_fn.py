@@ -42,7 +42,7 @@ class StepMask:
         The arguments of transformers' ``sdpa_mask``, for :meth:`dense`.
     """
 
-    __slots__ = ("padding", "kv_length", "_sdpa_kwargs", "_dense", "_built")
+    __slots__ = ("padding", "kv_length", "_sdpa_kwargs", "_dense", "_built", "_valid")
 
     def __init__(self, padding: torch.Tensor | None, kv_length: int,
                  sdpa_kwargs: dict[str, Any]) -> None:
@@ -51,13 +51,20 @@ class StepMask:
         self._sdpa_kwargs = sdpa_kwargs
         self._dense: torch.Tensor | None = None
         self._built = False
+        self._valid: dict[int, torch.Tensor | None] = {}
 
     def valid_new(self, num_new: int) -> torch.Tensor | None:
-        """``[B, num_new]`` bool validity of the step's tokens, ``None`` if all are valid."""
+        """``[B, num_new]`` bool validity of the step's tokens, ``None`` if all are valid.
+
+        Worked out once per forward pass (it reads the mask back: a host sync), not once
+        per layer.
+        """
         if self.padding is None:
             return None
-        valid = self.padding[:, self.kv_length - num_new:self.kv_length].bool()
-        return None if bool(valid.all()) else valid
+        if num_new not in self._valid:
+            valid = self.padding[:, self.kv_length - num_new:self.kv_length].bool()
+            self._valid[num_new] = None if bool(valid.all()) else valid
+        return self._valid[num_new]
 
     def dense(self) -> torch.Tensor | None:
         """The ``[B, 1, L, kv_length]`` mask transformers' ``sdpa`` uses (``None`` = causal)."""

@@ -127,6 +127,7 @@ class CapturedStep:
     q: torch.Tensor
     steady: Steady
     res: DecodeResult
+    stats: torch.Tensor | None = None  # the step's QueryStats fields, computed in the graph
 
 
 @dataclass(frozen=True, slots=True)
