@@ -7,17 +7,27 @@ inside the device lease, and the per-layer work is the same). Prefill of ``--con
 random tokens per sequence, then ``--steps`` greedy decode steps; decode tokens/s counts
 ``batch * steps`` over the decode loop only.
 
+The prompt is prefilled in chunks through the same cache (:func:`prefill`): each forward
+pass feeds ``max(1, --prefill-chunk // batch)`` tokens of every row (``--prefill-chunk``
+counts tokens per forward pass over the whole batch, 16384 by default), so the prefill's
+activations stay bounded and large batches fit; ``--prefill-chunk 0`` prefills in one
+pass. With the wave cache, every chunk after the first also attends to the chunks before
+it through the store's query (retrieval and estimation zones, as any continued prompt).
+A variant that runs out of GPU memory is recorded as ``oom`` and the run goes on.
+
 - ``sdpa``: transformers' ``DynamicCache`` with ``attn_implementation="sdpa"``;
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor on the GPU.
 
 Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
-    python benchmarks/e2e.py [--context 131072] [--batches 1 8] [--layers 4] [--out DIR]
+    python benchmarks/e2e.py [--context 131072] [--batches 1 8 ...] [--layers 4]
+                             [--prefill-chunk 16384] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -27,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, machine, plot_pairs, write_results  # noqa: E402
+from integrations.hf.cache import cache_kwarg  # noqa: E402
 
 
 def build_model(layers: int):
@@ -41,23 +52,48 @@ def build_model(layers: int):
     return model
 
 
+MAX_BATCH = 64
+
+
+def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
+    """Tokens of each row per prefill forward pass (``prefill_chunk`` = 0: all at once)."""
+    return context if prefill_chunk <= 0 else max(1, min(context, prefill_chunk // batch))
+
+
 @torch.inference_mode()
-def run(model, cache, ids: torch.Tensor, steps: int) -> dict:
+def prefill(model, cache, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Feed ``ids [B, T]`` to ``model`` through ``cache`` in chunks of ``chunk`` tokens per
+    row; returns the last position's logits ``[B, 1, V]``."""
+    out = None
+    for start in range(0, ids.shape[1], chunk):
+        out = model(input_ids=ids[:, start:start + chunk], use_cache=True, logits_to_keep=1,
+                    **{cache_kwarg(model): cache})
+    assert out is not None
+    return out.logits[:, -1:]
+
+
+@torch.inference_mode()
+def run(model, cache, ids: torch.Tensor, steps: int, chunk: int) -> dict:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = prefill(model, cache, ids, chunk)
     torch.cuda.synchronize()
-    prefill = time.perf_counter() - t0
-    nxt = out.logits[:, -1:].argmax(-1)
+    prefill_s = time.perf_counter() - t0
+    nxt = logits.argmax(-1)
+    del logits
     t0 = time.perf_counter()
     for _ in range(steps):
-        out = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
         nxt = out.logits[:, -1:].argmax(-1)
     torch.cuda.synchronize()
     decode = time.perf_counter() - t0
-    return {"prefill_s": prefill, "decode_s": decode,
+    return {"prefill_s": prefill_s, "decode_s": decode,
             "tokens_per_s": ids.shape[0] * steps / decode,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9}
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -73,11 +109,17 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--context", type=int, default=131072)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8],
+                        help=f"batch sizes, 1 to {MAX_BATCH}")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--prefill-chunk", type=int, default=16384,
+                        help="prompt tokens per prefill forward pass, summed over the batch "
+                             "(0 = the whole prompt in one pass)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if any(not 1 <= b <= MAX_BATCH for b in args.batches):
+        parser.error(f"--batches: each must be between 1 and {MAX_BATCH}")
     from transformers import DynamicCache
 
     from integrations.hf import WaveCache
@@ -86,36 +128,47 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for batch in args.batches:
+        chunk = chunk_length(batch, args.prefill_chunk, args.context)
+        row: dict = {"batch": batch, "context": args.context, "layers": args.layers,
+                     "prefill_chunk": chunk}
         ids = torch.randint(0, model.config.vocab_size, (batch, args.context), generator=gen,
                             device="cuda")
-        row: dict = {"batch": batch, "context": args.context, "layers": args.layers}
         for name in ("sdpa", "wave"):
+            gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             try:
                 if name == "sdpa":
-                    res = run(model, DynamicCache(config=model.config), ids, args.steps)
+                    res = run(model, DynamicCache(config=model.config), ids, args.steps, chunk)
                 else:
                     cfg = {"executor": {"kind": "wave", "device": "cuda"}}
                     with WaveCache(cfg, model) as cache:
-                        res = run(model, cache, ids, args.steps)
+                        res = run(model, cache, ids, args.steps, chunk)
                         stats = cache.decode_stats
                     res["exact_fraction"] = stats.exact_fraction
             except Exception as exc:  # report and carry on with the other variants
-                print(f"{name} batch {batch}: {type(exc).__name__}: {exc}", flush=True)
-                row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                oom = _is_oom(exc)
+                print(f"{name} batch {batch}: {'oom' if oom else ''} {type(exc).__name__}: "
+                      f"{str(exc)[:300]}", flush=True)
+                row[f"{name}_error"] = "oom" if oom else f"{type(exc).__name__}: {str(exc)[:200]}"
                 continue
+            finally:  # free the failed (or finished) variant's memory before the next one
+                cache = None
+                gc.collect()
+                torch.cuda.empty_cache()
             row.update({f"{name}_{k}": v for k, v in res.items()})
             print(name, batch, res, flush=True)
         if "sdpa_tokens_per_s" in row and "wave_tokens_per_s" in row:
             row["speedup"] = row["wave_tokens_per_s"] / row["sdpa_tokens_per_s"]
         rows.append(row)
+        del ids
     import transformers
 
     meta = {**machine(), "transformers": transformers.__version__,
             "model": "Llama-3-8B shape, random weights, bf16",
-            "steps": args.steps, "layers": args.layers}
-    cols = ["batch", "context", "layers", "sdpa_tokens_per_s", "wave_tokens_per_s", "speedup",
+            "steps": args.steps, "layers": args.layers, "prefill_chunk": args.prefill_chunk}
+    cols = ["batch", "context", "layers", "prefill_chunk", "sdpa_tokens_per_s",
+            "wave_tokens_per_s", "speedup",
             "sdpa_prefill_s", "wave_prefill_s", "sdpa_peak_gpu_gb", "wave_peak_gpu_gb",
             "wave_exact_fraction", "sdpa_error", "wave_error"]
     write_results(args.out, "e2e", meta, rows, cols, "End-to-end decode tokens/s")
