@@ -4,8 +4,9 @@ A Llama model built from a Llama-3-8B-shaped config (hidden 4096, 32 q heads, 8 
 d=128, MLP 14336, vocab 128256, bf16) with random weights — timing does not depend on the
 weights — and ``--layers`` decoder layers (the full model has 32; fewer keep the run
 inside the device lease, and the per-layer work is the same). Prefill of ``--context``
-random tokens per sequence, then ``--steps`` greedy decode steps; decode tokens/s counts
-``batch * steps`` over the decode loop only.
+random tokens per sequence, then ``--steps`` greedy decode steps after ``WARMUP_STEPS``
+untimed ones (the first compiles kernels and captures CUDA graphs); decode tokens/s counts
+``batch * steps`` over the timed decode loop only.
 
 The prompt is prefilled in chunks through the same cache (:func:`prefill`): each forward
 pass feeds ``max(1, --prefill-chunk // batch)`` tokens of every row (``--prefill-chunk``
@@ -53,6 +54,7 @@ def build_model(layers: int):
 
 
 MAX_BATCH = 64
+WARMUP_STEPS = 4  # untimed decode steps before the timed ones, for both caches
 
 
 def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
@@ -81,10 +83,17 @@ def run(model, cache, ids: torch.Tensor, steps: int, chunk: int) -> dict:
     prefill_s = time.perf_counter() - t0
     nxt = logits.argmax(-1)
     del logits
+
+    def step(nxt: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+        return out.logits[:, -1:].argmax(-1)
+
+    for _ in range(WARMUP_STEPS):  # kernel compilation, CUDA graph capture, allocator growth
+        nxt = step(nxt)
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
-        out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
-        nxt = out.logits[:, -1:].argmax(-1)
+        nxt = step(nxt)
     torch.cuda.synchronize()
     decode = time.perf_counter() - t0
     return {"prefill_s": prefill_s, "decode_s": decode,
