@@ -101,6 +101,12 @@ def run(model, cache, ids: torch.Tensor, steps: int, chunk: int) -> dict:
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9}
 
 
+COLUMNS = ["batch", "context", "layers", "prefill_chunk", "sdpa_tokens_per_s",
+           "wave_tokens_per_s", "speedup", "sdpa_prefill_s", "wave_prefill_s",
+           "sdpa_peak_gpu_gb", "wave_peak_gpu_gb", "wave_exact_fraction", "sdpa_error",
+           "wave_error"]
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -171,18 +177,20 @@ def main() -> None:
             row["speedup"] = row["wave_tokens_per_s"] / row["sdpa_tokens_per_s"]
         rows.append(row)
         del ids
+        save(args, rows)  # after every batch: a run stopped early keeps what it measured
+    print("\n" + (args.out / "e2e.md").read_text(), flush=True)
+
+
+def save(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write ``e2e.{json,md,png}`` of the batches measured so far."""
     import transformers
 
     meta = {**machine(), "transformers": transformers.__version__,
-            "model": "Llama-3-8B shape, random weights, bf16",
-            "steps": args.steps, "layers": args.layers, "prefill_chunk": args.prefill_chunk}
-    cols = ["batch", "context", "layers", "prefill_chunk", "sdpa_tokens_per_s",
-            "wave_tokens_per_s", "speedup",
-            "sdpa_prefill_s", "wave_prefill_s", "sdpa_peak_gpu_gb", "wave_peak_gpu_gb",
-            "wave_exact_fraction", "sdpa_error", "wave_error"]
-    write_results(args.out, "e2e", meta, rows, cols, "End-to-end decode tokens/s")
+            "model": "Llama-3-8B shape, random weights, bf16", "steps": args.steps,
+            "warmup_steps": WARMUP_STEPS, "layers": args.layers,
+            "prefill_chunk": args.prefill_chunk}
+    write_results(args.out, "e2e", meta, rows, COLUMNS, "End-to-end decode tokens/s")
     plot(rows, args.out / "e2e.png")
-    print("\n" + (args.out / "e2e.md").read_text(), flush=True)
 
 
 if __name__ == "__main__":
