@@ -47,6 +47,54 @@ _BLOCK_N = 64
 _BLOCK_E = 64
 
 
+@triton.jit
+def _load_queries(q_ptr, qrows, g_mask, offs_d, D: tl.constexpr, DOT_F32: tl.constexpr):
+    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc):
+    # fold scores s [G, N] (-inf where masked) and values v [N, D] into the running max,
+    # sum of exp and weighted sum of one query row group
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    pr = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(pr, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
+                 DOT_F32: tl.constexpr):
+    # one tile of exact attention: rows kv_off [N, D] of K and V, valid where pmask
+    k = tl.load(k_ptr + kv_off, mask=pmask[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=pmask[:, None], other=0.0)
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where(pmask[None, :], s, float("-inf"))
+    return _softmax_step(s, v, m_i, l_i, acc)
+
+
+@triton.jit
+def _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, part, num_parts, m_i, l_i,
+                acc, D: tl.constexpr):
+    # the partial (out, lse) of a query row group; lse -inf where nothing was attended
+    has = l_i > 0
+    l_safe = tl.where(has, l_i, 1.0)
+    prow = qrows * num_parts + part
+    tl.store(part_out_ptr + prow[:, None] * D + offs_d[None, :], acc / l_safe[:, None],
+             mask=g_mask[:, None])
+    tl.store(part_lse_ptr + prow, tl.where(has, m_i + tl.log(l_safe), float("-inf")),
+             mask=g_mask)
+
+
 def _retrieved_kernel(
     q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
     part_out_ptr, part_lse_ptr,
@@ -62,9 +110,7 @@ def _retrieved_kernel(
     offs_d = tl.arange(0, D)
     g_mask = offs_g < G
     qrows = row * G + offs_g
-    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q = _load_queries(q_ptr, qrows, g_mask, offs_d, D, DOT_F32)
     total = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
     p0 = split * split_len
     p1 = tl.minimum(p0 + split_len, total)
@@ -79,27 +125,10 @@ def _retrieved_kernel(
         else:
             src = tl.load(map_ptr + row * M + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = (row * N + src)[:, None] * D + offs_d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=pmask[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=pmask[:, None], other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(pmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        pr = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(pr, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
-        m_i = m_new
-    has = l_i > 0
-    l_safe = tl.where(has, l_i, 1.0)
-    prow = qrows * num_parts + split_base + split
-    tl.store(part_out_ptr + prow[:, None] * D + offs_d[None, :], acc / l_safe[:, None],
-             mask=g_mask[:, None])
-    tl.store(part_lse_ptr + prow, tl.where(has, m_i + tl.log(l_safe), float("-inf")),
-             mask=g_mask)
+        m_i, l_i, acc = _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
+                                     DOT_F32)
+    _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, split_base + split,
+                num_parts, m_i, l_i, acc, D)
 
 
 def _steady_kernel(
@@ -114,9 +143,7 @@ def _steady_kernel(
     offs_d = tl.arange(0, D)
     g_mask = offs_g < G
     qrows = row * G + offs_g
-    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q = _load_queries(q_ptr, qrows, g_mask, offs_d, D, DOT_F32)
     length = tl.load(len_ptr + row // H).to(tl.int32)
     p0 = split * split_len
     p1 = tl.minimum(p0 + split_len, length)
@@ -127,27 +154,10 @@ def _steady_kernel(
         pos = p + tl.arange(0, BLOCK_N)
         pmask = pos < p1
         kv_off = (row * S + pos)[:, None] * D + offs_d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=pmask[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=pmask[:, None], other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(pmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        pr = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(pr, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
-        m_i = m_new
-    has = l_i > 0
-    l_safe = tl.where(has, l_i, 1.0)
-    prow = qrows * num_parts + split_base + split
-    tl.store(part_out_ptr + prow[:, None] * D + offs_d[None, :], acc / l_safe[:, None],
-             mask=g_mask[:, None])
-    tl.store(part_lse_ptr + prow, tl.where(has, m_i + tl.log(l_safe), float("-inf")),
-             mask=g_mask)
+        m_i, l_i, acc = _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
+                                     DOT_F32)
+    _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, split_base + split,
+                num_parts, m_i, l_i, acc, D)
 
 
 def _estimated_kernel(
@@ -177,25 +187,12 @@ def _estimated_kernel(
                      mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
                      mask=use[:, None], other=0.0)
-        w = lg + tl.log(size.to(tl.float32))[None, :]
-        m_new = tl.maximum(m_i, tl.max(w, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        pr = tl.exp(w - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(pr, axis=1)
-        pv = pr.to(vm.dtype)
         if DOT_F32:
-            pv = pv.to(tl.float32)
             vm = vm.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(pv, vm)
-        m_i = m_new
-    has = l_i > 0
-    l_safe = tl.where(has, l_i, 1.0)
-    prow = qrows * num_parts + split_base + split
-    tl.store(part_out_ptr + prow[:, None] * D + offs_d[None, :], acc / l_safe[:, None],
-             mask=g_mask[:, None])
-    tl.store(part_lse_ptr + prow, tl.where(has, m_i + tl.log(l_safe), float("-inf")),
-             mask=g_mask)
+        w = lg + tl.log(size.to(tl.float32))[None, :]
+        m_i, l_i, acc = _softmax_step(w, vm, m_i, l_i, acc)
+    _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, split_base + split,
+                num_parts, m_i, l_i, acc, D)
 
 
 def _copy_kernel(
