@@ -131,6 +131,8 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", type=int, default=16384,
                         help="prompt tokens per prefill forward pass, summed over the batch "
                              "(0 = the whole prompt in one pass)")
+    parser.add_argument("--caches", nargs="+", choices=["sdpa", "wave"],
+                        default=["sdpa", "wave"], help="which caches to run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if any(not 1 <= b <= MAX_BATCH for b in args.batches):
@@ -148,7 +150,7 @@ def main() -> None:
                      "prefill_chunk": chunk}
         ids = torch.randint(0, model.config.vocab_size, (batch, args.context), generator=gen,
                             device="cuda")
-        for name in ("sdpa", "wave"):
+        for name in args.caches:
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
