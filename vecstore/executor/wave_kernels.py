@@ -20,6 +20,13 @@ import triton
 import triton.language as tl
 
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot
+from vecstore.kernels._device import (
+    empty_state,
+    load_queries,
+    query_group,
+    store_merged,
+    store_state,
+)
 
 if TYPE_CHECKING:
     from vecstore.executor.wave_state import Zones
@@ -45,14 +52,6 @@ STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
 _BLOCK_E = 64
-
-
-@triton.jit
-def _load_queries(q_ptr, qrows, g_mask, offs_d, D: tl.constexpr, DOT_F32: tl.constexpr):
-    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
-    return q
 
 
 @triton.jit
@@ -82,19 +81,6 @@ def _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
     return _softmax_step(s, v, m_i, l_i, acc)
 
 
-@triton.jit
-def _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, part, num_parts, m_i, l_i,
-                acc, D: tl.constexpr):
-    # the partial (out, lse) of a query row group; lse -inf where nothing was attended
-    has = l_i > 0
-    l_safe = tl.where(has, l_i, 1.0)
-    prow = qrows * num_parts + part
-    tl.store(part_out_ptr + prow[:, None] * D + offs_d[None, :], acc / l_safe[:, None],
-             mask=g_mask[:, None])
-    tl.store(part_lse_ptr + prow, tl.where(has, m_i + tl.log(l_safe), float("-inf")),
-             mask=g_mask)
-
-
 def _retrieved_kernel(
     q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
     part_out_ptr, part_lse_ptr,
@@ -104,19 +90,12 @@ def _retrieved_kernel(
 ):
     # execution positions [split * split_len, ...) of the row's retrieved rows: read from a
     # contiguous execution buffer (CONTIG) or, in place, through the row map
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    g_mask = offs_g < G
-    qrows = row * G + offs_g
-    q = _load_queries(q_ptr, qrows, g_mask, offs_d, D, DOT_F32)
+    row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
+    q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     total = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
     p0 = split * split_len
     p1 = tl.minimum(p0 + split_len, total)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    m_i, l_i, acc = empty_state(BLOCK_G, D)
     for p in range(p0, p1, BLOCK_N):
         pos = p + tl.arange(0, BLOCK_N)
         pmask = pos < p1
@@ -127,8 +106,8 @@ def _retrieved_kernel(
         kv_off = (row * N + src)[:, None] * D + offs_d[None, :]
         m_i, l_i, acc = _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
                                      DOT_F32)
-    _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, split_base + split,
-                num_parts, m_i, l_i, acc, D)
+    store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
+                split_base + split, num_parts, m_i, l_i, acc, D)
 
 
 def _steady_kernel(
@@ -137,27 +116,20 @@ def _steady_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    g_mask = offs_g < G
-    qrows = row * G + offs_g
-    q = _load_queries(q_ptr, qrows, g_mask, offs_d, D, DOT_F32)
+    row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
+    q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     length = tl.load(len_ptr + row // H).to(tl.int32)
     p0 = split * split_len
     p1 = tl.minimum(p0 + split_len, length)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    m_i, l_i, acc = empty_state(BLOCK_G, D)
     for p in range(p0, p1, BLOCK_N):
         pos = p + tl.arange(0, BLOCK_N)
         pmask = pos < p1
         kv_off = (row * S + pos)[:, None] * D + offs_d[None, :]
         m_i, l_i, acc = _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
                                      DOT_F32)
-    _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, split_base + split,
-                num_parts, m_i, l_i, acc, D)
+    store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
+                split_base + split, num_parts, m_i, l_i, acc, D)
 
 
 def _estimated_kernel(
@@ -167,17 +139,10 @@ def _estimated_kernel(
     DOT_F32: tl.constexpr,
 ):
     # positions [split * split_len, ...) of the row's compacted estimated clusters
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    g_mask = offs_g < G
-    qrows = row * G + offs_g
+    row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     e0 = split * split_len
     e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    m_i, l_i, acc = empty_state(BLOCK_G, D)
     for e in range(e0, e1, BLOCK_E):
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
@@ -191,8 +156,8 @@ def _estimated_kernel(
             vm = vm.to(tl.float32)
         w = lg + tl.log(size.to(tl.float32))[None, :]
         m_i, l_i, acc = _softmax_step(w, vm, m_i, l_i, acc)
-    _store_part(part_out_ptr, part_lse_ptr, qrows, g_mask, offs_d, split_base + split,
-                num_parts, m_i, l_i, acc, D)
+    store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
+                split_base + split, num_parts, m_i, l_i, acc, D)
 
 
 def _copy_kernel(
@@ -255,11 +220,7 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
                     mask=pm[:, None], other=0.0)
         acc += tl.sum(w[:, None] * o, axis=0)
         den += w
-    total = tl.sum(den, axis=0)
-    has = total > 0
-    t_safe = tl.where(has, total, 1.0)
-    tl.store(out_ptr + row * D + offs_d, (acc / t_safe).to(out_ptr.dtype.element_ty))
-    tl.store(lse_ptr + row, tl.where(has, m_safe + tl.log(t_safe), float("-inf")))
+    store_merged(out_ptr, lse_ptr, row, offs_d, None, acc, tl.sum(den, axis=0), m_safe, D)
 
 
 _RETRIEVED = LazyKernel(_retrieved_kernel)

@@ -16,6 +16,8 @@ import triton.language as tl
 
 from vecstore.executor.wave_radix import radix_count, radix_keys
 from vecstore.kernels._backend import LazyKernel
+from vecstore.kernels._device import load_queries, query_group
+from vecstore.kernels._rank_device import centroid_logits, group_score, softmax_norm, sum_exp_step
 
 __all__ = ["LOGITS", "SCORE"]
 
@@ -28,13 +30,8 @@ def _logits_kernel(
     # logits of the G query heads of a row against a split of its centroids (each centroid
     # read once per group), -inf for empty clusters; with RADIUS the ranking logits too; and
     # each head's max and sum of exp of the ranking logits
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, D)
-    g_mask = offs_g < G
-    qrows = row * G + offs_g
-    q = tl.load(q_ptr + qrows[:, None] * D + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+    row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
+    q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, False)
     qf = q.to(tl.float32)
     if DOT_F32:
         q = qf
@@ -46,13 +43,8 @@ def _logits_kernel(
     for c0 in range(start, end, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
         c_mask = offs_c < end
-        cent = tl.load(c_ptr + (row * C + offs_c)[:, None] * D + offs_d[None, :],
-                       mask=c_mask[:, None], other=0.0)
-        if DOT_F32:
-            cent = cent.to(tl.float32)
-        n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=0)
-        lg = tl.dot(q, tl.trans(cent)) * scale
-        lg = tl.where((n > 0)[None, :], lg, float("-inf"))
+        lg = centroid_logits(q, c_ptr, n_ptr, row, C, offs_c, c_mask, c_mask[:, None], offs_d,
+                             scale, D, None, DOT_F32)  # None: Triton's default dot precision
         out_mask = g_mask[:, None] & c_mask[None, :]
         tl.store(logits_ptr + qrows[:, None] * C + offs_c[None, :], lg, mask=out_mask)
         rl = lg
@@ -60,10 +52,7 @@ def _logits_kernel(
             r = tl.load(r_ptr + row * C + offs_c, mask=c_mask, other=0.0)
             rl = lg + rscale * qn[:, None] * r[None, :]
             tl.store(rank_ptr + qrows[:, None] * C + offs_c[None, :], rl, mask=out_mask)
-        m_new = tl.maximum(m_i, tl.max(rl, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s_i = s_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(rl - m_safe[:, None]), axis=1)
-        m_i = m_new
+        m_i, s_i = sum_exp_step(rl, m_i, s_i)
     tl.store(pmax_ptr + qrows * num_splits + split, m_i, mask=g_mask)
     tl.store(psum_ptr + qrows * num_splits + split, s_i, mask=g_mask)
 
@@ -74,26 +63,17 @@ def _score_kernel(
     PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # ranking score sum_g softmax_g(ranking logits)_j of a chunk, then the first radix pass
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_s = tl.arange(0, BLOCK_S)
-    g_mask = offs_g < G
-    qrows = row * G + offs_g
+    row, chunk, offs_s, qrows, g_mask = query_group(G, BLOCK_G, BLOCK_S)
     sm = g_mask[:, None] & (offs_s < num_splits)[None, :]
     pm = tl.load(pmax_ptr + qrows[:, None] * num_splits + offs_s[None, :], mask=sm,
                  other=float("-inf"))
     ps = tl.load(psum_ptr + qrows[:, None] * num_splits + offs_s[None, :], mask=sm, other=0.0)
-    m = tl.max(pm, axis=1)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    z = tl.sum(ps * tl.exp(pm - m[:, None]), axis=1)
-    inv_z = 1.0 / tl.where(z > 0, z, 1.0)
+    m, inv_z = softmax_norm(pm, ps)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
     lg = tl.load(rank_ptr + qrows[:, None] * C + idx[None, :],
                  mask=g_mask[:, None] & valid[None, :], other=float("-inf"))
-    sc = tl.sum(tl.exp(lg - m[:, None]) * inv_z[:, None], axis=0)
-    sc = tl.where(tl.max(lg, axis=0) > float("-inf"), sc, float("-inf"))
+    sc = group_score(lg, m, inv_z)
     tl.store(score_ptr + row * C + idx, sc, mask=valid)
     key = radix_keys(sc)  # the first radix pass: no prefix yet, the same for k1 and k2
     hist = counts_ptr + row * 2 * PASSES * (1 << BITS)

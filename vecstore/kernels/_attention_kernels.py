@@ -13,11 +13,17 @@ their KV head's ``[N, D]`` keys and values (flash-decoding: online softmax per p
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel, dot_precision, needs_f32_dot
-from vecstore.kernels._split import combine_splits, plan_splits
+from vecstore.kernels._backend import LazyKernel, group_tiles
+from vecstore.kernels._device import (
+    add_values,
+    empty_state,
+    load_queries,
+    query_group,
+    store_state,
+)
+from vecstore.kernels._split import combine_splits, plan_splits, split_states
 
 __all__ = ["buffer_attention_triton", "cluster_attention_triton"]
 
@@ -47,23 +53,11 @@ def _ranges_attention_kernel(
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    bh = tl.program_id(0).to(tl.int64)  # b * Hkv + kv head; int64: stores exceed 2**31 items
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < G
+    bh, split, offs_d, rows, g_mask = query_group(G, BLOCK_G, BLOCK_D)
     d_mask = offs_d < D
-    rows = bh * G + offs_g  # query rows of this group in [B * Hq]
-    q = tl.load(
-        q_ptr + rows[:, None] * D + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [BLOCK_G, BLOCK_D]
-    if DOT_F32:
-        q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    qd_mask = g_mask[:, None] & d_mask[None, :]
+    q = load_queries(q_ptr, rows, offs_d, qd_mask, D, DOT_F32)
+    m_i, l_i, acc = empty_state(BLOCK_G, BLOCK_D)
     if BY_CLUSTERS:
         r_lo = split * split_len
         r_hi = tl.minimum(r_lo + split_len, R)
@@ -96,22 +90,22 @@ def _ranges_attention_kernel(
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             values = tl.load(v_ptr + kv_offs, mask=kv_mask, other=0.0)
-            p_op = p.to(values.dtype)
-            if DOT_F32:
-                p_op = p_op.to(tl.float32)
-                values = values.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p_op, values, input_precision=PRECISION)
+            acc = add_values(acc, alpha, p, values, PRECISION, DOT_F32)
             m_i = m_new
-    has_mass = l_i > 0
-    l_safe = tl.where(has_mass, l_i, 1.0)
-    part_rows = rows * num_splits + split
-    tl.store(
-        part_out_ptr + part_rows[:, None] * D + offs_d[None, :],
-        acc / l_safe[:, None],
-        mask=g_mask[:, None] & d_mask[None, :],
+    store_state(
+        part_out_ptr,
+        part_lse_ptr,
+        rows,
+        g_mask,
+        qd_mask,
+        offs_d,
+        split,
+        num_splits,
+        m_i,
+        l_i,
+        acc,
+        D,
     )
-    lse = tl.where(has_mass, m_i + tl.log(l_safe), float("-inf"))
-    tl.store(part_lse_ptr + part_rows, lse, mask=g_mask)
 
 
 _RANGES_ATTENTION = LazyKernel(_ranges_attention_kernel)
@@ -138,15 +132,7 @@ def _launch(
         return
     by_clusters = starts is not None
     num_splits, split_len = plan_splits(rows, split_items, 1 if by_clusters else block_n, q.device)
-    if num_splits == 1:
-        part_out, part_lse = out, lse
-    else:
-        part_out = torch.empty(
-            batch * num_q_heads, num_splits, dim, device=q.device, dtype=torch.float32
-        )
-        part_lse = torch.empty(
-            batch * num_q_heads, num_splits, device=q.device, dtype=torch.float32
-        )
+    part_out, part_lse = split_states(out, lse, num_splits)
     _RANGES_ATTENTION[(rows, num_splits)](
         q,
         keys,
@@ -160,17 +146,11 @@ def _launch(
         split_len,
         num_splits,
         scale,
-        G=group,
-        D=dim,
         BY_CLUSTERS=by_clusters,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        PRECISION=dot_precision(keys.dtype),
-        DOT_F32=needs_f32_dot(keys.dtype),
+        **group_tiles(group, dim, keys.dtype),
     )
-    if num_splits > 1:
-        combine_splits(part_out, part_lse, out.view(-1, dim), lse.view(-1))
+    combine_splits(part_out, part_lse, out, lse)
 
 
 def buffer_attention_triton(

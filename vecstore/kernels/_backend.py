@@ -28,6 +28,7 @@ __all__ = [
     "BACKENDS",
     "LazyKernel",
     "dot_precision",
+    "group_tiles",
     "has_triton",
     "is_interpreted",
     "needs_f32_dot",
@@ -94,8 +95,9 @@ class LazyKernel:
     Parameters
     ----------
     fn : callable
-        The undecorated kernel function, written as for ``@triton.jit``. It must not call
-        other jitted functions, since those would be resolved through this wrapper.
+        The undecorated kernel function, written as for ``@triton.jit``. It may call plain
+        ``@triton.jit`` device functions (:mod:`vecstore.kernels._device`), not other
+        :class:`LazyKernel` kernels, since those would be resolved through this wrapper.
 
     Examples
     --------
@@ -137,3 +139,22 @@ def needs_f32_dot(dtype: torch.dtype) -> bool:
     bfloat16 converts to float32 without rounding). Compiled kernels keep bfloat16 operands.
     """
     return dtype == torch.bfloat16 and is_interpreted()
+
+
+def group_tiles(group: int, dim: int, dtype: torch.dtype) -> dict[str, Any]:
+    """Return the ``tl.dot`` launch constants of a kernel over the query heads of a KV head.
+
+    ``G = group`` query heads of head dim ``D = dim``, their tile sizes ``BLOCK_G`` and
+    ``BLOCK_D`` (powers of two, at least 16 as ``tl.dot`` needs), and the ``PRECISION`` and
+    ``DOT_F32`` of operands of ``dtype`` (:func:`dot_precision`, :func:`needs_f32_dot`).
+    """
+    import triton
+
+    return {
+        "G": group,
+        "D": dim,
+        "BLOCK_G": max(16, triton.next_power_of_2(group)),
+        "BLOCK_D": max(16, triton.next_power_of_2(dim)),
+        "PRECISION": dot_precision(dtype),
+        "DOT_F32": needs_f32_dot(dtype),
+    }

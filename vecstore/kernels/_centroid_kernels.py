@@ -19,7 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel, dot_precision, needs_f32_dot
+from vecstore.kernels._backend import LazyKernel, group_tiles
+from vecstore.kernels._device import load_queries, query_group
+from vecstore.kernels._rank_device import centroid_logits, group_score, softmax_norm, sum_exp_step
 from vecstore.kernels._split import plan_splits
 
 __all__ = ["group_scores_triton"]
@@ -50,20 +52,9 @@ def _logits_kernel(
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    bh = tl.program_id(0).to(tl.int64)  # b * Hkv + kv head; int64 offsets: large stores
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < G
+    bh, split, offs_d, rows, g_mask = query_group(G, BLOCK_G, BLOCK_D)
     d_mask = offs_d < D
-    rows = bh * G + offs_g  # query rows of this group in [B * Hq]
-    q = tl.load(
-        q_ptr + rows[:, None] * D + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [BLOCK_G, BLOCK_D]
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q = load_queries(q_ptr, rows, offs_d, g_mask[:, None] & d_mask[None, :], D, DOT_F32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     s_i = tl.zeros([BLOCK_G], tl.float32)
     start = split * split_len
@@ -71,25 +62,27 @@ def _logits_kernel(
     for c0 in range(start, end, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
         c_mask = offs_c < end
-        cent = tl.load(
-            c_ptr + (bh * C + offs_c)[:, None] * D + offs_d[None, :],
-            mask=c_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )  # [BLOCK_C, BLOCK_D]
-        if DOT_F32:
-            cent = cent.to(tl.float32)
-        sizes = tl.load(n_ptr + bh * C + offs_c, mask=c_mask, other=0)
-        logits = tl.dot(q, tl.trans(cent), input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_C]
-        logits = tl.where((sizes > 0)[None, :], logits, float("-inf"))
+        logits = centroid_logits(
+            q,
+            c_ptr,
+            n_ptr,
+            bh,
+            C,
+            offs_c,
+            c_mask,
+            c_mask[:, None] & d_mask[None, :],
+            offs_d,
+            scale,
+            D,
+            PRECISION,
+            DOT_F32,
+        )  # [BLOCK_G, BLOCK_C]
         tl.store(
             logits_ptr + rows[:, None] * C + offs_c[None, :],
             logits,
             mask=g_mask[:, None] & c_mask[None, :],
         )
-        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s_i = s_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(logits - m_safe[:, None]), axis=1)
-        m_i = m_new
+        m_i, s_i = sum_exp_step(logits, m_i, s_i)
     tl.store(pmax_ptr + rows * num_splits + split, m_i, mask=g_mask)
     tl.store(psum_ptr + rows * num_splits + split, s_i, mask=g_mask)
 
@@ -107,20 +100,12 @@ def _group_score_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    bh = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_s = tl.arange(0, BLOCK_S)
-    g_mask = offs_g < G
-    rows = bh * G + offs_g
+    bh, split, offs_s, rows, g_mask = query_group(G, BLOCK_G, BLOCK_S)
     stat_mask = g_mask[:, None] & (offs_s < num_splits)[None, :]
     stat_offs = rows[:, None] * num_splits + offs_s[None, :]  # [BLOCK_G, BLOCK_S]
     pmax = tl.load(pmax_ptr + stat_offs, mask=stat_mask, other=float("-inf"))
     psum = tl.load(psum_ptr + stat_offs, mask=stat_mask, other=0.0)
-    m = tl.max(pmax, axis=1)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    z = tl.sum(psum * tl.exp(pmax - m[:, None]), axis=1)  # softmax denominator per head
-    inv_z = 1.0 / tl.where(z > 0, z, 1.0)
+    m, inv_z = softmax_norm(pmax, psum)
     start = split * split_len
     end = tl.minimum(start + split_len, C)
     for c0 in range(start, end, BLOCK_C):
@@ -131,10 +116,8 @@ def _group_score_kernel(
             mask=g_mask[:, None] & c_mask[None, :],
             other=float("-inf"),
         )  # [BLOCK_G, BLOCK_C]
-        probs = tl.exp(logits - m[:, None]) * inv_z[:, None]
-        score = tl.sum(probs, axis=0)
-        is_valid = tl.max(logits, axis=0) > float("-inf")
-        tl.store(score_ptr + bh * C + offs_c, tl.where(is_valid, score, float("-inf")), mask=c_mask)
+        score = group_score(logits, m, inv_z)
+        tl.store(score_ptr + bh * C + offs_c, score, mask=c_mask)
 
 
 _LOGITS = LazyKernel(_logits_kernel)
@@ -163,7 +146,7 @@ def group_scores_triton(
     num_splits, split_len = plan_splits(rows, num_clusters, _BLOCK_C, q.device)
     pmax = torch.empty(batch * num_q_heads, num_splits, device=q.device, dtype=torch.float32)
     psum = torch.empty_like(pmax)
-    block_g = max(16, triton.next_power_of_2(group))
+    tiles = group_tiles(group, dim, q.dtype)
     grid = (rows, num_splits)
     _LOGITS[grid](
         q,
@@ -176,13 +159,8 @@ def group_scores_triton(
         split_len,
         num_splits,
         scale,
-        G=group,
-        D=dim,
-        BLOCK_G=block_g,
         BLOCK_C=_BLOCK_C,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        PRECISION=dot_precision(q.dtype),
-        DOT_F32=needs_f32_dot(q.dtype),
+        **tiles,
         num_warps=_NUM_WARPS,
         num_stages=_NUM_STAGES,
     )
@@ -195,7 +173,7 @@ def group_scores_triton(
         split_len,
         num_splits,
         G=group,
-        BLOCK_G=block_g,
+        BLOCK_G=tiles["BLOCK_G"],
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_C=_BLOCK_C,
     )

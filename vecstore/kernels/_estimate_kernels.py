@@ -8,11 +8,11 @@ group, so each gathered value sum is read once per group. The partial states are
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel, dot_precision, needs_f32_dot
-from vecstore.kernels._split import combine_splits, plan_splits
+from vecstore.kernels._backend import LazyKernel, group_tiles
+from vecstore.kernels._device import add_values, empty_state, query_group
+from vecstore.kernels._split import combine_splits, plan_splits, split_states
 
 __all__ = ["estimate_zone_triton"]
 
@@ -39,16 +39,9 @@ def _estimate_kernel(
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    bh = tl.program_id(0).to(tl.int64)  # b * Hkv + kv head; int64 offsets: large stores
-    split = tl.program_id(1)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < G
+    bh, split, offs_d, rows, g_mask = query_group(G, BLOCK_G, BLOCK_D)
     d_mask = offs_d < D
-    rows = bh * G + offs_g  # query rows of this group in [B * Hq]
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m_i, l_i, acc = empty_state(BLOCK_G, BLOCK_D)
     start = split * split_len
     end = tl.minimum(start + split_len, E)
     for e0 in range(start, end, BLOCK_E):
@@ -76,12 +69,9 @@ def _estimate_kernel(
             mask=valid[:, None] & d_mask[None, :],
             other=0.0,
         )  # [BLOCK_E, BLOCK_D]
-        p_op = p.to(vsum.dtype)
-        if DOT_F32:
-            p_op = p_op.to(tl.float32)
-            vsum = vsum.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p_op, vsum, input_precision=PRECISION)
+        acc = add_values(acc, alpha, p, vsum, PRECISION, DOT_F32)
         m_i = m_new
+    # store_state's steps, in the order this kernel was tuned with (the order changes its code)
     has_mass = l_i > 0
     l_safe = tl.where(has_mass, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -119,15 +109,7 @@ def estimate_zone_triton(
     if rows == 0 or num_q_heads == 0:
         return
     num_splits, split_len = plan_splits(rows, num_ids, _BLOCK_E, logits.device)
-    if num_splits == 1:
-        part_out, part_lse = out, lse
-    else:
-        part_out = torch.empty(
-            batch * num_q_heads, num_splits, dim, device=logits.device, dtype=torch.float32
-        )
-        part_lse = torch.empty(
-            batch * num_q_heads, num_splits, device=logits.device, dtype=torch.float32
-        )
+    part_out, part_lse = split_states(out, lse, num_splits)
     _ESTIMATE[(rows, num_splits)](
         logits,
         sizes,
@@ -139,13 +121,7 @@ def estimate_zone_triton(
         num_ids,
         split_len,
         num_splits,
-        G=group,
-        D=dim,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_E=_BLOCK_E,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        PRECISION=dot_precision(value_sums.dtype),
-        DOT_F32=needs_f32_dot(value_sums.dtype),
+        **group_tiles(group, dim, value_sums.dtype),
     )
-    if num_splits > 1:
-        combine_splits(part_out, part_lse, out.view(-1, dim), lse.view(-1))
+    combine_splits(part_out, part_lse, out, lse)

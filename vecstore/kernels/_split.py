@@ -1,4 +1,4 @@
-"""Split-K helpers shared by the Triton kernels: how many splits, and the combine kernel.
+"""Split-K helpers shared by the Triton kernels: how many splits, their states, the combine.
 
 A long reduction (over keys or clusters) is cut into ``S`` splits so that enough programs run
 at small batch (flash-decoding). Each split writes a normalised partial state ``(out, lse)``;
@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from vecstore.kernels._backend import LazyKernel
+from vecstore.kernels._device import store_merged
 
-__all__ = ["plan_splits", "combine_splits", "MAX_SPLITS"]
+__all__ = ["plan_splits", "split_states", "combine_splits", "MAX_SPLITS"]
 
 MAX_SPLITS = 64
 # Programs to aim for per streaming multiprocessor; the interpreter (CPU) gets a small fixed
@@ -87,19 +88,37 @@ def _combine_kernel(
         other=0.0,
     )  # [BLOCK_S, BLOCK_D]
     acc = tl.sum(w[:, None] * o, axis=0)
-    has_mass = denom > 0
-    denom_safe = tl.where(has_mass, denom, 1.0)
-    tl.store(out_ptr + row * D + offs_d, acc / denom_safe, mask=d_mask)
-    tl.store(lse_ptr + row, tl.where(has_mass, m_safe + tl.log(denom_safe), float("-inf")))
+    store_merged(out_ptr, lse_ptr, row, offs_d, d_mask, acc, denom, m_safe, D)
 
 
 _COMBINE = LazyKernel(_combine_kernel)
+
+
+def split_states(
+    out: torch.Tensor, lse: torch.Tensor, num_splits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the partial states ``(part_out, part_lse)`` a split kernel writes.
+
+    With one split, ``out`` and ``lse`` themselves (the kernel writes the final state);
+    otherwise new float32 ``[rows, S, D]`` and ``[rows, S]`` for :func:`combine_splits`, with
+    ``rows = lse.numel()`` and ``D = out.shape[-1]``.
+    """
+    if num_splits == 1:
+        return out, lse
+    rows, dim = lse.numel(), out.shape[-1]
+    return (
+        torch.empty(rows, num_splits, dim, device=out.device, dtype=torch.float32),
+        torch.empty(rows, num_splits, device=out.device, dtype=torch.float32),
+    )
 
 
 def combine_splits(
     part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
 ) -> None:
     """Merge per-split states into ``out`` and ``lse`` (written in place).
+
+    Nothing to do when the states are ``out`` and ``lse`` themselves (one split, see
+    :func:`split_states`).
 
     Parameters
     ----------
@@ -108,10 +127,13 @@ def combine_splits(
     part_lse : torch.Tensor
         ``[rows, S]`` float32 partial log-sum-exp (``-inf`` for an empty split).
     out : torch.Tensor
-        ``[rows, D]`` float32, written.
+        ``[..., D]`` contiguous float32 of ``rows`` rows, written.
     lse : torch.Tensor
-        ``[rows]`` float32, written (``-inf`` where every split is empty, with ``out`` 0).
+        ``[...]`` contiguous float32 of ``rows`` items, written (``-inf`` where every split is
+        empty, with ``out`` 0).
     """
+    if part_out is out:
+        return
     rows, num_splits, dim = part_out.shape
     _COMBINE[(rows,)](
         part_out,

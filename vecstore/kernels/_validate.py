@@ -16,6 +16,7 @@ __all__ = [
     "int_input",
     "output_pair",
     "same_device",
+    "state_outputs",
 ]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -99,3 +100,19 @@ def output_pair(
             )
         checked.append(t)
     return checked[0], checked[1]
+
+
+def state_outputs(
+    out: object, batch: int, num_q_heads: int, dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return an attention state's outputs: float32 ``out [B, Hq, D]`` and ``lse [B, Hq]``.
+
+    The caller's ``out`` pair, checked as in :func:`output_pair`, or new tensors.
+    """
+    return output_pair(
+        out,
+        ("out", "lse"),
+        ((batch, num_q_heads, dim), (batch, num_q_heads)),
+        (torch.float32, torch.float32),
+        device,
+    )

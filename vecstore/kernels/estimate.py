@@ -16,8 +16,8 @@ from vecstore.kernels._validate import (
     float_input,
     group_size,
     int_input,
-    output_pair,
     same_device,
+    state_outputs,
 )
 
 __all__ = ["estimate_zone"]
@@ -90,13 +90,7 @@ def estimate_zone(
     est_ids = int_input(est_ids, "est_ids", (batch, num_kv_heads, None))
     device = same_device(logits=logits, sizes=sizes, value_sums=value_sums, est_ids=est_ids)
     dim = value_sums.shape[-1]
-    result, lse = output_pair(
-        out,
-        ("out", "lse"),
-        ((batch, num_q_heads, dim), (batch, num_q_heads)),
-        (torch.float32, torch.float32),
-        device,
-    )
+    result, lse = state_outputs(out, batch, num_q_heads, dim, device)
     if resolve_backend(backend, device) == "triton":
         from vecstore.kernels._estimate_kernels import estimate_zone_triton
 

@@ -23,8 +23,8 @@ from vecstore.kernels._validate import (
     float_input,
     group_size,
     int_input,
-    output_pair,
     same_device,
+    state_outputs,
 )
 
 __all__ = ["sparse_decode_attention", "sparse_attention_by_clusters"]
@@ -89,7 +89,7 @@ def sparse_decode_attention(
     batch, num_kv_heads = k_buf.shape[0], k_buf.shape[1]
     lengths = int_input(lengths, "lengths", (batch, num_kv_heads))
     device = same_device(q=q, k_buf=k_buf, v_buf=v_buf, lengths=lengths)
-    result, lse = _outputs(out, q)
+    result, lse = state_outputs(out, *q.shape, q.device)
     if resolve_backend(backend, device) == "triton":
         from vecstore.kernels._attention_kernels import buffer_attention_triton
 
@@ -168,7 +168,7 @@ def sparse_attention_by_clusters(
     starts = int_input(starts, "starts", (batch, num_kv_heads, None))
     lengths = int_input(lengths, "lengths", starts.shape)
     device = same_device(q=q, keys=keys, values=values, starts=starts, lengths=lengths)
-    result, lse = _outputs(out, q)
+    result, lse = state_outputs(out, *q.shape, q.device)
     if resolve_backend(backend, device) == "triton":
         from vecstore.kernels._attention_kernels import cluster_attention_triton
 
@@ -200,18 +200,6 @@ def _check_qkv(
     values = float_input(values, names[1], tuple(keys.shape), q.dtype)
     group_size(num_q_heads, keys.shape[1])
     return q, keys, values, check_scale(scale)
-
-
-def _outputs(out: object, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The caller's ``(out, lse)`` pair, checked, or new float32 tensors for ``q [B, Hq, D]``."""
-    batch, num_q_heads, dim = q.shape
-    return output_pair(
-        out,
-        ("out", "lse"),
-        ((batch, num_q_heads, dim), (batch, num_q_heads)),
-        (torch.float32, torch.float32),
-        q.device,
-    )
 
 
 def _masked_attention(

@@ -1,0 +1,71 @@
+"""Triton device functions that rank clusters, shared by the kernels and the executor.
+
+:mod:`vecstore.kernels._centroid_kernels` and :mod:`vecstore.executor.wave_rank` score the
+clusters of a KV head for the ``G`` query heads of its group in two launches: the first
+computes centroid logits a tile at a time and each head's running max and sum of exponentials
+over its split of the clusters; the second folds those per-split statistics into each head's
+softmax normaliser and writes the score ``sum_g softmax(logits_g)_j``.
+
+Plain ``@triton.jit`` functions: Triton inlines them into the kernels that call them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["centroid_logits", "sum_exp_step", "softmax_norm", "group_score"]
+
+
+@triton.jit
+def centroid_logits(
+    q,
+    c_ptr,
+    n_ptr,
+    row,
+    C,
+    offs_c,
+    c_mask,
+    cent_mask,
+    offs_d,
+    scale,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    # logits [G, BLOCK_C] of the queries q against centroids offs_c of the row; -inf for empty
+    # clusters (size <= 0)
+    cent = tl.load(
+        c_ptr + (row * C + offs_c)[:, None] * D + offs_d[None, :], mask=cent_mask, other=0.0
+    )  # [BLOCK_C, BLOCK_D]
+    if DOT_F32:
+        cent = cent.to(tl.float32)
+    sizes = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=0)
+    logits = tl.dot(q, tl.trans(cent), input_precision=PRECISION) * scale
+    return tl.where((sizes > 0)[None, :], logits, float("-inf"))
+
+
+@triton.jit
+def sum_exp_step(x, m_i, s_i):
+    # fold a tile x [G, N] (-inf where masked) into each head's running max and sum of exp
+    m_new = tl.maximum(m_i, tl.max(x, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    s_i = s_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(x - m_safe[:, None]), axis=1)
+    return m_new, s_i
+
+
+@triton.jit
+def softmax_norm(pmax, psum):
+    # each head's max m and inverse softmax denominator 1 / z, from its per-split maxima
+    # pmax [G, S] (-inf where masked) and sums of exp psum [G, S] (0 where masked)
+    m = tl.max(pmax, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    z = tl.sum(psum * tl.exp(pmax - m[:, None]), axis=1)
+    return m, 1.0 / tl.where(z > 0, z, 1.0)
+
+
+@triton.jit
+def group_score(logits, m, inv_z):
+    # the softmax of logits [G, N] summed over the group [N]; -inf where every head's is -inf
+    score = tl.sum(tl.exp(logits - m[:, None]) * inv_z[:, None], axis=0)
+    return tl.where(tl.max(logits, axis=0) > float("-inf"), score, float("-inf"))
