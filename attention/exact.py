@@ -120,10 +120,12 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sca
     chunk = max(1, _SCORE_BUDGET // max(1, B * Hq * L))
     outs, lses = [], []
     for i in range(0, L, chunk):
-        logits = scale * torch.matmul(q[:, :, i:i + chunk].float(), kf.transpose(2, 3))
-        logits = logits.masked_fill(~mask[:, :, i:i + chunk], float("-inf"))
+        # in place after the product: one [B, Hq, l, L] float32 tensor at a time
+        logits = torch.matmul(q[:, :, i:i + chunk].float(), kf.transpose(2, 3)).mul_(scale)
+        logits.masked_fill_(~mask[:, :, i:i + chunk], float("-inf"))
         lse = torch.logsumexp(logits, dim=-1)  # [B, Hq, l]
-        probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)
+        probs = logits.sub_(lse[..., None]).exp_().nan_to_num_(0.0)
         outs.append(torch.matmul(probs, vf))
+        del logits, probs
         lses.append(lse)
     return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2)

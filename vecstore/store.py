@@ -36,7 +36,7 @@ from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, d
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.transaction import Transaction
 from vecstore.storage.verify import VerifyReport, verify_store
-from vecstore.types import QueryResult
+from vecstore.types import QueryResult, QueryStats
 
 __all__ = ["Store"]
 
@@ -404,6 +404,8 @@ class Store:
                scale: float) -> QueryResult:
         """:meth:`query` of a query :meth:`check_query` accepted."""
         q = q.to(seqs[0].layers[layer].device)
+        if len(seqs) > 1 and q.shape[2] > 1:
+            return self._query_rows(seqs, layer, q, scale)
         steady = stack_steady(seqs, layer)
         view = self._batch_views.view(seqs, layer)
         if len(seqs) > 1 and view is not None:
@@ -415,6 +417,32 @@ class Store:
         with charging(self.placement.device_account):
             out, lse, stats = self._executor.run(self.index_for(layer), view, steady, q,
                                                  scale, self.config.for_layer(layer))
+        return QueryResult(out=out, lse=lse, stats=stats)
+
+    def _query_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
+                    scale: float) -> QueryResult:
+        """A multi-token query (a prefill chunk) of several sequences, one row at a time.
+
+        Each row reads its own layer's view in place, so the batch never stacks a padded
+        ``[B, Hkv, N, D]`` copy of every row's rows (a second copy of the whole KV of the
+        layer, rebuilt each chunk), and the executor's score slices cover one row. The
+        results are the batched query's: rows never interact, the plan of each row is its
+        own; the stats are summed over rows (``estimated_mass`` averaged, as the batched
+        query averages over all rows' query tokens).
+        """
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], device=q.device)
+        totals = [0, 0, 0, 0, 0.0]
+        for b, seq in enumerate(seqs):
+            res = self._query([seq], layer, q[b:b + 1], scale)
+            out[b:b + 1] = res.out
+            lse[b:b + 1] = res.lse
+            st = res.stats
+            for i, value in enumerate((st.tokens_total, st.tokens_exact, st.units_retrieved,
+                                       st.units_estimated, st.estimated_mass)):
+                totals[i] += value
+        stats = QueryStats(int(totals[0]), int(totals[1]), int(totals[2]), int(totals[3]),
+                           totals[4] / len(seqs))
         return QueryResult(out=out, lse=lse, stats=stats)
 
     # -- memory --------------------------------------------------------------------------

@@ -29,10 +29,11 @@ def attend(
         ``out [B, Hkv, G, L, D]`` and ``lse [B, Hkv, G, L]``, both float32; a query with
         no valid row has ``lse = -inf`` and ``out = 0``.
     """
-    logits = scale * torch.einsum("bhgld,bhtd->bhglt", q.float(), keys.float())
-    logits = logits.masked_fill(~valid[:, :, None, None, :], float("-inf"))
+    # in place after the product: one [B, Hkv, G, L, T] float32 tensor at a time
+    logits = torch.einsum("bhgld,bhtd->bhglt", q.float(), keys.float()).mul_(scale)
+    logits.masked_fill_(~valid[:, :, None, None, :], float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
-    probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)
+    probs = logits.sub_(lse[..., None]).exp_().nan_to_num_(0.0)
     return torch.einsum("bhglt,bhtd->bhgld", probs, values.float()), lse
 
 

@@ -8,8 +8,9 @@ from vecstore.config import LayerConfig
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.merge import attend, merge
 from vecstore.executor.numba_gather import gather_clusters
-from vecstore.executor.plan import QueryPlan, make_plan
+from vecstore.executor.plan import make_plan
 from vecstore.index.base import Index, IndexView
+from vecstore.slicing import query_slices
 from vecstore.types import QueryStats
 
 __all__ = ["TorchExecutor", "gather_units", "estimate_units"]
@@ -65,16 +66,28 @@ def estimate_units(view: IndexView, ids: torch.Tensor, q: torch.Tensor,
 
     Returns ``out [B, Hkv, G, L, D]`` and ``lse [B, Hkv, G, L]`` (float32).
     """
+    return _estimate(_estimation_zone(view, ids), q, scale)
+
+
+def _estimation_zone(view: IndexView, ids: torch.Tensor,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Centroids ``[B, H, E, D]``, log sizes ``[B, H, E]`` (``-inf`` pads) and mean values
+    of units ``ids``: what :func:`estimate_units` needs, gathered once for all queries."""
     safe = ids.clamp_min(0)
     D = view.meta["centroids"].shape[-1]
     gidx = safe[..., None].expand(-1, -1, -1, D)
     cent = torch.gather(view.meta["centroids"], 2, gidx)  # [B, H, E, D]
     vsum = torch.gather(view.meta["value_sums"], 2, gidx)
     size = (torch.gather(view.sizes, -1, safe) * (ids >= 0)).float()  # [B, H, E]
-    logits = scale * torch.einsum("bhgld,bhed->bhgle", q, cent) + size.log()[:, :, None, None]
+    return cent, size.log(), vsum / size.clamp_min(1.0)[..., None]
+
+
+def _estimate(zone: tuple[torch.Tensor, torch.Tensor, torch.Tensor], q: torch.Tensor,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    cent, log_size, vmean = zone
+    logits = scale * torch.einsum("bhgld,bhed->bhgle", q, cent) + log_size[:, :, None, None]
     lse = torch.logsumexp(logits, dim=-1)
-    probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)
-    vmean = vsum / size.clamp_min(1.0)[..., None]
+    probs = torch.exp(logits.sub_(lse[..., None])).nan_to_num_(0.0)
     return torch.einsum("bhgle,bhed->bhgld", probs, vmean), lse
 
 
@@ -103,40 +116,59 @@ class TorchExecutor:
         self, index: Index, view: IndexView | None, steady: Steady, q: torch.Tensor,
         scale: float, layer: LayerConfig,
     ) -> tuple[torch.Tensor, torch.Tensor, QueryStats]:
+        # A query of L > 1 tokens (a prefill chunk) runs in slices of its tokens, so no
+        # [B, Hkv, G, L, columns] score tensor is held whole (vecstore.slicing): the plan
+        # is one for all L tokens (the ranking sums over them), the zones are gathered
+        # once, and each slice attends to them on its own.
         B, Hq, L, D = q.shape
         H = steady.keys.shape[1]
-        qg = q.float().reshape(B, H, Hq // H, L, D)  # [B, Hkv, G, L, D]
+        G = Hq // H
         S = steady.keys.shape[2]
         s_valid = (torch.arange(S, device=q.device) < steady.lengths[:, None])[:, None, :]
-        out, lse = attend(qg, steady.keys, steady.values, s_valid.expand(B, H, S), scale)
+        s_valid = s_valid.expand(B, H, S)
         exact_rows = steady.lengths.float() * H
         total_rows = exact_rows.clone()
         retrieved = estimated = 0
-        mass = 0.0
+        columns = S
+        rows = zone = None
+        qf = q.float().reshape(B, H, G, L, D)
         if view is not None:
-            plan = make_plan(index, view, qg, scale, layer)
-            out, lse, got = self._retrieve(view, plan, qg, scale, out, lse)
-            exact_rows = exact_rows + got
+            plan = make_plan(index, view, qf, scale, layer)
+            rows = gather_units(view, plan.retrieve)
+            exact_rows = exact_rows + rows[2].sum(dim=(1, 2)).float()
             total_rows = total_rows + view.sizes.sum(dim=(1, 2)).float()
             retrieved = int((plan.retrieve >= 0).sum())
             estimated = int((plan.estimate >= 0).sum())
+            columns = max(columns, rows[0].shape[2])
             if estimated:
-                out_e, lse_e = estimate_units(view, plan.estimate, qg, scale)
-                out, lse_all = merge(out, lse, out_e, lse_e)
-                share = torch.exp(lse_e - lse_all).nan_to_num(0.0)
-                mass, lse = float(share.mean()), lse_all
+                zone = _estimation_zone(view, plan.estimate)
+                columns = max(columns, plan.estimate.shape[2])
+        parts = query_slices(L, columns, rows=B * Hq)
+        if len(parts) > 1:
+            out = torch.empty(B, Hq, L, D, dtype=q.dtype, device=q.device)
+            lse = torch.empty(B, Hq, L, device=q.device)
+        if rows is not None and len(parts) > 1:  # converted once, not once per slice
+            rows = (rows[0].float(), rows[1].float(), rows[2])
+        mass = torch.zeros((), dtype=torch.float64, device=q.device)
+        for part in parts:
+            qg = qf[:, :, :, part]  # [B, Hkv, G, l, D]
+            o, s = attend(qg, steady.keys, steady.values, s_valid, scale)
+            if rows is not None:
+                o, s = merge(o, s, *attend(qg, rows[0], rows[1], rows[2], scale))
+            if zone is not None:
+                o_e, s_e = _estimate(zone, qg, scale)
+                o, s_all = merge(o, s, o_e, s_e)
+                mass += torch.exp(s_e - s_all).nan_to_num_(0.0).sum(dtype=torch.float64)
+                s = s_all
+            if len(parts) == 1:
+                out, lse = o.reshape(B, Hq, L, D).to(q.dtype), s.reshape(B, Hq, L)
+                break
+            out[:, :, part] = o.reshape(B, Hq, -1, D)
+            lse[:, :, part] = s.reshape(B, Hq, -1)
         stats = QueryStats(
             tokens_total=round(float(total_rows.sum()) / H),
             tokens_exact=round(float(exact_rows.sum()) / H),
-            units_retrieved=retrieved, units_estimated=estimated, estimated_mass=mass,
+            units_retrieved=retrieved, units_estimated=estimated,
+            estimated_mass=float(mass) / (B * Hq * L) if estimated else 0.0,
         )
-        return (out.reshape(B, Hq, L, D).to(q.dtype), lse.reshape(B, Hq, L), stats)
-
-    @staticmethod
-    def _retrieve(view: IndexView, plan: QueryPlan, qg: torch.Tensor, scale: float,
-                  out: torch.Tensor, lse: torch.Tensor,
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        k, v, valid = gather_units(view, plan.retrieve)
-        out_r, lse_r = attend(qg, k, v, valid, scale)
-        out, lse = merge(out, lse, out_r, lse_r)
-        return out, lse, valid.sum(dim=(1, 2)).float()
+        return out, lse, stats

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from vecstore.index.base import Segment
+from vecstore.slicing import query_slices
 
-__all__ = ["page_segment", "group_softmax_rank"]
+__all__ = ["page_segment", "group_softmax_rank", "sliced_group_softmax_rank"]
 
 
 def page_segment(
@@ -44,4 +47,43 @@ def group_softmax_rank(logits: torch.Tensor, sizes: torch.Tensor) -> torch.Tenso
     valid = (sizes > 0)[:, :, None, None, :]
     probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
     score = probs.nan_to_num(0.0).sum(dim=(2, 3))
+    return score.masked_fill(sizes == 0, float("-inf"))
+
+
+def sliced_group_softmax_rank(logits_of: Callable[[torch.Tensor], torch.Tensor],
+                              q: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """:func:`group_softmax_rank` of ``logits_of(q)``, computed over slices of the query
+    tokens so the ``[B, Hkv, G, L, C]`` logits are never held whole (the ranking sums over
+    ``L``; see :mod:`vecstore.slicing`).
+
+    Parameters
+    ----------
+    logits_of : Callable
+        Maps float32 grouped queries ``[B, Hkv, G, l, D]`` to fresh scaled scores
+        ``[B, Hkv, G, l, C]`` (modified in place here).
+    q : torch.Tensor
+        ``[B, Hkv, G, L, D]`` grouped queries (any float dtype; each slice is converted).
+    sizes : torch.Tensor
+        ``[B, Hkv, C]``; units of size 0 get ``-inf``.
+
+    Examples
+    --------
+    >>> q, c = torch.randn(1, 2, 2, 5, 4), torch.randn(1, 2, 3, 4)
+    >>> sizes = torch.tensor([[[2, 0, 1], [1, 1, 1]]])
+    >>> fn = lambda x: torch.einsum("bhgld,bhcd->bhglc", x, c)
+    >>> torch.allclose(sliced_group_softmax_rank(fn, q, sizes),
+    ...                group_softmax_rank(fn(q), sizes), equal_nan=True)
+    True
+    """
+    B, H, G, L, _ = q.shape
+    invalid = (sizes <= 0)[:, :, None, None, :]
+    score = None
+    for part in query_slices(L, sizes.shape[-1], rows=B * H * G):
+        logits = logits_of(q[:, :, :, part].float()).masked_fill_(invalid, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        del logits
+        mass = probs.nan_to_num_(0.0).sum(dim=(2, 3))
+        del probs
+        score = mass if score is None else score.add_(mass)
+    assert score is not None
     return score.masked_fill(sizes == 0, float("-inf"))

@@ -7,6 +7,7 @@ import torch
 from vecstore.config import StoreConfig
 from vecstore.index.base import INDEXES, IndexView, Segment
 from vecstore.index.pages import page_reduce, page_segment
+from vecstore.slicing import query_slices
 
 __all__ = ["QuestIndex"]
 
@@ -40,7 +41,15 @@ class QuestIndex:
         return [page_segment(keys, values, start, self.page, meta)]
 
     def rank(self, view: IndexView, q: torch.Tensor, scale: float) -> torch.Tensor:
-        lo = torch.einsum("bhgld,bhcd->bhglcd", q, view.meta["kmin"])
-        hi = torch.einsum("bhgld,bhcd->bhglcd", q, view.meta["kmax"])
-        bound = torch.maximum(lo, hi).sum(-1).amax(dim=(2, 3))  # [B, Hkv, C]
+        kmin, kmax = view.meta["kmin"], view.meta["kmax"]
+        B, H, G, L, D = q.shape
+        bound = None  # [B, Hkv, C]; the [B, Hkv, G, l, C, D] products stay in budget
+        for part in query_slices(L, kmin.shape[2] * D, rows=B * H * G):
+            qs = q[:, :, :, part].float()
+            lo = torch.einsum("bhgld,bhcd->bhglcd", qs, kmin)
+            hi = torch.einsum("bhgld,bhcd->bhglcd", qs, kmax)
+            best = torch.maximum(lo, hi).sum(-1).amax(dim=(2, 3))
+            del lo, hi
+            bound = best if bound is None else torch.maximum(bound, best)
+        assert bound is not None
         return bound.masked_fill(view.sizes == 0, float("-inf"))

@@ -6,7 +6,7 @@ import torch
 
 from vecstore.config import StoreConfig
 from vecstore.index.base import INDEXES, IndexView, Segment
-from vecstore.index.pages import group_softmax_rank, page_segment
+from vecstore.index.pages import page_segment, sliced_group_softmax_rank
 
 __all__ = ["TopkOracleIndex"]
 
@@ -35,5 +35,6 @@ class TopkOracleIndex:
         return [page_segment(keys, values, start, 1)]
 
     def rank(self, view: IndexView, q: torch.Tensor, scale: float) -> torch.Tensor:
-        logits = scale * torch.einsum("bhgld,bhnd->bhgln", q, view.keys.float())
-        return group_softmax_rank(logits, view.sizes)
+        keys = view.keys.float()
+        return sliced_group_softmax_rank(
+            lambda qs: torch.einsum("bhgld,bhnd->bhgln", qs, keys).mul_(scale), q, view.sizes)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from vecstore.cluster import CLUSTERERS, strided_init
 from vecstore.config import StoreConfig
 from vecstore.index.base import INDEXES, IndexView, Segment
-from vecstore.index.pages import group_softmax_rank
+from vecstore.index.pages import sliced_group_softmax_rank
 
 __all__ = ["WaveIndex", "bound_logits", "split_segments"]
 
@@ -110,8 +110,9 @@ class WaveIndex:
                                               "value_sums": value_sums})
 
     def rank(self, view: IndexView, q: torch.Tensor, scale: float) -> torch.Tensor:
-        return group_softmax_rank(bound_logits(q, view.meta["centroids"], view.meta["radii"],
-                                               scale, self.radius_weight), view.sizes)
+        centroids, radii, weight = view.meta["centroids"], view.meta["radii"], self.radius_weight
+        return sliced_group_softmax_rank(
+            lambda qs: bound_logits(qs, centroids, radii, scale, weight), q, view.sizes)
 
 
 def bound_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor, scale: float,
@@ -126,6 +127,6 @@ def bound_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor, 
         ``[B, Hkv, C, D]`` and ``[B, Hkv, C]``.
     """
     logits = torch.einsum("bhgld,bhcd->bhglc", q, centroids)
-    if weight:
-        logits = logits + weight * q.norm(dim=-1, keepdim=True) * radii[:, :, None, None, :]
-    return scale * logits
+    if weight:  # in place: one [B, Hkv, G, L, C] tensor, not three
+        logits.addcmul_(weight * q.norm(dim=-1, keepdim=True), radii[:, :, None, None, :])
+    return logits.mul_(scale)
