@@ -17,12 +17,13 @@ class CupyClusterer:
     def __init__(self, seed: int = 0) -> None:
         try:
             import cupy
+            import cupyx
         except ImportError:
             raise BackendUnavailableError(
                 "clusterer 'cupy' needs cupy: pip install 'vecstore[gpu]' "
                 "(available without it: 'torch')"
             ) from None
-        self._cp = cupy
+        self._cp, self._cpx = cupy, cupyx
         self.seed = seed
 
     def assign(
@@ -30,7 +31,7 @@ class CupyClusterer:
     ) -> torch.Tensor:
         if not x.is_cuda:
             raise BackendUnavailableError("clusterer 'cupy' needs CUDA tensors; use 'torch' on CPU")
-        cp = self._cp
+        cp, cpx = self._cp, self._cpx
         xs = cp.from_dlpack(x.contiguous())  # [P, n, D]
         c = cp.from_dlpack(init.contiguous()).copy()  # [P, k, D]
         P, n, D = xs.shape
@@ -41,7 +42,7 @@ class CupyClusterer:
         for _ in range(iters):
             assign = cp.matmul(xs, c.transpose(0, 2, 1)).argmax(-1)  # [P, n]
             sums = cp.zeros((P, k, D), dtype=xs.dtype)
-            cp.add.at(sums, (rows, assign.ravel()), xv.reshape(P * n, D))
+            cpx.scatter_add(sums, (rows, assign.ravel()), xv.reshape(P * n, D))
             norm = cp.linalg.norm(sums, axis=-1, keepdims=True)
             c = cp.where(norm > 0, sums / cp.maximum(norm, 1e-30), c)
         assign = cp.matmul(xs, c.transpose(0, 2, 1)).argmax(-1)
