@@ -66,8 +66,7 @@ def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
     """
     rows = [b for b, s in enumerate(seqs) if s.tokens(layer) > 0]
     if len(rows) == len(seqs):
-        _, scale = store.check_query(seqs, layer, q, scale, finite=finite, grouped=False)
-        res = store._query(seqs, layer, q, scale)
+        res = store.query(seqs, layer, q, scale=scale, finite=finite)
         return res.out.to(q.device), res.lse.to(q.device), res.stats
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], float("-inf"), device=q.device)

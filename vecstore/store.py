@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -13,9 +12,7 @@ from typing import Any
 
 import torch
 
-from vecstore.batch import BatchViews, stack_steady
-from vecstore.buffer.budget import charging
-from vecstore.checks import check_finite, check_index, check_tensor, parse_dtype
+from vecstore.checks import parse_dtype
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
@@ -23,20 +20,19 @@ from vecstore.errors import (
     InvalidValueError,
     NotFoundError,
     ReadOnlyError,
-    SequenceDroppedError,
-    ShapeError,
     StoreClosedError,
 )
 from vecstore.executor.base import EXECUTORS, Executor
-from vecstore.index.base import INDEXES, Index, IndexView
+from vecstore.index.base import INDEXES, Index
 from vecstore.kvstore.base import MemoryAccount
 from vecstore.kvstore.placement import Placement
+from vecstore.query_engine import QueryEngine
 from vecstore.sequence import Sequence
 from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.transaction import Transaction
 from vecstore.storage.verify import VerifyReport, verify_store
-from vecstore.types import QueryResult, QueryStats
+from vecstore.types import QueryResult
 
 __all__ = ["Store"]
 
@@ -74,11 +70,10 @@ class Store:
             device=config.executor.device)
         self._lock = threading.RLock()
         self._closed = False
-        self._batch_views = BatchViews()
         self._persistence = persistence
         self._txn: Transaction | None = None
-        self.placement = Placement(config.kvstore, retire_view=self._retire_view)
-        self._stacked: dict[int, IndexView] = {}  # the last B > 1 view queried per layer
+        self._queries = QueryEngine(self, self._executor)
+        self.placement = Placement(config.kvstore, retire_view=self._queries.retire)
         for kind in {config.index.kind, "flat"}:
             self._indexes[kind] = INDEXES.get(kind)(config)
 
@@ -145,7 +140,7 @@ class Store:
         """
         with self._lock:
             if not self._closed:
-                self._release_views()
+                self._queries.release_views()
                 for seq in self._seqs.values():
                     seq.release(forget=False)
             self._closed = True
@@ -201,7 +196,7 @@ class Store:
                     self._persistence.commit(txn, self)
             except BaseException:
                 txn.rollback(self._seqs)
-                self._release_views()
+                self._queries.release_views()
                 raise
             finally:
                 self._txn = None
@@ -269,7 +264,7 @@ class Store:
             seq = self.sequence(name)
             del self._seqs[name]
             seq.is_dropped = True
-            self._release_views()
+            self._queries.release_views()
             self._current_txn().dropped(seq)
 
     # -- maintenance ---------------------------------------------------------------------
@@ -340,44 +335,10 @@ class Store:
         and the scale. ``finite=False`` skips the NaN/Inf scan of ``q`` (a host sync on a
         device) for a caller that checked it already; ``grouped=False`` returns ``q`` as
         given (not converted)."""
-        self.check_open()
-        if not isinstance(seqs, (list, tuple)) or not seqs:
-            raise InvalidValueError("seqs: expected a non-empty list of Sequence")
-        first = seqs[0]
-        for s in seqs:
-            if not isinstance(s, Sequence) or s._store is not self:
-                raise InvalidValueError("seqs: every item must be a Sequence of this store")
-            if s.is_dropped:
-                raise SequenceDroppedError(f"sequence {s.name!r} was dropped")
-            check_index(layer, "layer", s.num_layers)
-            here, there = s.layers[layer].device, first.layers[layer].device
-            if (s.num_kv_heads, s.head_dim, s.dtype, here) != (
-                    first.num_kv_heads, first.head_dim, first.dtype, there):
-                raise InvalidValueError(
-                    f"seqs: {s.name!r} and {first.name!r} differ in KV heads, head_dim, "
-                    "dtype or device and cannot be queried together")
-            if s.layers[layer].num_tokens == 0:
-                raise InvalidValueError(f"layer {layer} of sequence {s.name!r} holds no tokens")
-        H, D = first.num_kv_heads, first.head_dim
-        check_tensor(q, "q", shape=(len(seqs), None, None, D), dtype=first.dtype)
-        assert isinstance(q, torch.Tensor)
-        B, Hq, L, _ = q.shape
-        if Hq == 0 or Hq % H or L == 0:
-            raise ShapeError(f"q: expected (B, Hq, L, {D}) with Hq a positive multiple of the "
-                             f"{H} KV heads and L >= 1, got {tuple(q.shape)}")
-        if finite:
-            check_finite(q, "q")
-        if scale is None:
-            scale = 1.0 / math.sqrt(D)
-        elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-            raise InvalidValueError(f"scale: expected a positive finite number, got {scale!r}")
-        if not grouped:
-            return q, float(scale)
-        q = q.to(first.layers[layer].device)
-        return q.float().reshape(B, H, Hq // H, L, D), float(scale)
+        return self._queries.check(seqs, layer, q, scale, finite=finite, grouped=grouped)
 
     def query(self, seqs: list[Sequence], layer: int, q: torch.Tensor, *,
-              scale: float | None = None) -> QueryResult:
+              scale: float | None = None, finite: bool = True) -> QueryResult:
         """Attention for a batch of sequences in one call.
 
         Parameters
@@ -390,6 +351,9 @@ class Store:
             ``[B, Hq, L, D]`` queries; row ``b`` attends to every token of ``seqs[b]``.
         scale : float, optional
             Softmax scale, ``1/sqrt(D)`` by default.
+        finite : bool
+            Scan ``q`` for NaN/Inf first (``False``: the caller did; the scan is a host
+            sync when ``q`` is on a GPU).
 
         Returns
         -------
@@ -397,53 +361,8 @@ class Store:
             ``out [B, Hq, L, D]``, ``lse [B, Hq, L]``, stats summed over the batch.
         """
         # the grouped float32 copy of q is for search(); the executors take q as given
-        _, scale = self.check_query(seqs, layer, q, scale, grouped=False)
-        return self._query(seqs, layer, q, scale)
-
-    def _query(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
-               scale: float) -> QueryResult:
-        """:meth:`query` of a query :meth:`check_query` accepted."""
-        q = q.to(seqs[0].layers[layer].device)
-        if len(seqs) > 1 and q.shape[2] > 1:
-            return self._query_rows(seqs, layer, q, scale)
-        steady = stack_steady(seqs, layer)
-        view = self._batch_views.view(seqs, layer)
-        if len(seqs) > 1 and view is not None:
-            old = self._stacked.get(layer)
-            if old is not None and old is not view:
-                self._retire_view(old)  # the batch cache keeps one stacked view per layer
-            self._stacked[layer] = view
-        # wave buffers an executor builds here charge kvstore.gpu_budget_gb up front
-        with charging(self.placement.device_account):
-            out, lse, stats = self._executor.run(self.index_for(layer), view, steady, q,
-                                                 scale, self.config.for_layer(layer))
-        return QueryResult(out=out, lse=lse, stats=stats)
-
-    def _query_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
-                    scale: float) -> QueryResult:
-        """A multi-token query (a prefill chunk) of several sequences, one row at a time.
-
-        Each row reads its own layer's view in place, so the batch never stacks a padded
-        ``[B, Hkv, N, D]`` copy of every row's rows (a second copy of the whole KV of the
-        layer, rebuilt each chunk), and the executor's score slices cover one row. The
-        results are the batched query's: rows never interact, the plan of each row is its
-        own; the stats are summed over rows (``estimated_mass`` averaged, as the batched
-        query averages over all rows' query tokens).
-        """
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], device=q.device)
-        totals = [0, 0, 0, 0, 0.0]
-        for b, seq in enumerate(seqs):
-            res = self._query([seq], layer, q[b:b + 1], scale)
-            out[b:b + 1] = res.out
-            lse[b:b + 1] = res.lse
-            st = res.stats
-            for i, value in enumerate((st.tokens_total, st.tokens_exact, st.units_retrieved,
-                                       st.units_estimated, st.estimated_mass)):
-                totals[i] += value
-        stats = QueryStats(int(totals[0]), int(totals[1]), int(totals[2]), int(totals[3]),
-                           totals[4] / len(seqs))
-        return QueryResult(out=out, lse=lse, stats=stats)
+        _, scale = self._queries.check(seqs, layer, q, scale, finite=finite, grouped=False)
+        return self._queries.run(seqs, layer, q, scale)
 
     # -- memory --------------------------------------------------------------------------
     def memory(self) -> dict[str, tuple[int, int, int]]:
@@ -452,19 +371,6 @@ class Store:
         unbounded)."""
         return {name: (a.used_bytes, a.peak_bytes, a.budget_bytes)
                 for name, a in self.placement.accounts().items()}
-
-    def _retire_view(self, view: IndexView) -> None:
-        """Let the executor free what it prepared for ``view`` (its wave buffer: GPU
-        memory charged to ``kvstore.gpu_budget_gb``), if it can."""
-        release = getattr(self._executor, "release_view", None)
-        if release is not None:
-            release(view)
-
-    def _release_views(self) -> None:
-        for view in self._stacked.values():
-            self._retire_view(view)
-        self._stacked.clear()
-        self._batch_views.clear()
 
     def _check_budgets(self) -> None:
         """Refuse, at open, a store whose indexed rows cannot fit the KV tier's budget."""

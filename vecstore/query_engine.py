@@ -1,0 +1,138 @@
+"""How a store answers queries: validation, the batch's stacked views, the executor call."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from vecstore.batch import BatchViews, stack_steady
+from vecstore.buffer.budget import charging
+from vecstore.checks import check_finite, check_index, check_tensor
+from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
+from vecstore.executor.base import Executor
+from vecstore.index.base import IndexView
+from vecstore.sequence import Sequence
+from vecstore.types import QueryResult, QueryStats
+
+if TYPE_CHECKING:
+    from vecstore.store import Store
+
+__all__ = ["QueryEngine"]
+
+
+class QueryEngine:
+    """Validates and runs the queries of one :class:`~vecstore.store.Store`.
+
+    It stacks a batch's views (one stacked view kept per layer; the executor frees what it
+    prepared for a view once it is replaced) and runs a multi-token query of several
+    sequences one row at a time.
+    """
+
+    def __init__(self, store: Store, executor: Executor) -> None:
+        self._store = store
+        self._executor = executor
+        self._batch_views = BatchViews()
+        self._stacked: dict[int, IndexView] = {}  # the last B > 1 view queried per layer
+
+    def check(self, seqs: list[Sequence], layer: int, q: object, scale: float | None, *,
+              finite: bool = True, grouped: bool = True) -> tuple[torch.Tensor, float]:
+        """:meth:`Store.check_query <vecstore.store.Store.check_query>`."""
+        store = self._store
+        store.check_open()
+        if not isinstance(seqs, (list, tuple)) or not seqs:
+            raise InvalidValueError("seqs: expected a non-empty list of Sequence")
+        first = seqs[0]
+        for s in seqs:
+            if not isinstance(s, Sequence) or s._store is not store:
+                raise InvalidValueError("seqs: every item must be a Sequence of this store")
+            if s.is_dropped:
+                raise SequenceDroppedError(f"sequence {s.name!r} was dropped")
+            check_index(layer, "layer", s.num_layers)
+            here, there = s.layers[layer].device, first.layers[layer].device
+            if (s.num_kv_heads, s.head_dim, s.dtype, here) != (
+                    first.num_kv_heads, first.head_dim, first.dtype, there):
+                raise InvalidValueError(
+                    f"seqs: {s.name!r} and {first.name!r} differ in KV heads, head_dim, "
+                    "dtype or device and cannot be queried together")
+            if s.layers[layer].num_tokens == 0:
+                raise InvalidValueError(f"layer {layer} of sequence {s.name!r} holds no tokens")
+        H, D = first.num_kv_heads, first.head_dim
+        check_tensor(q, "q", shape=(len(seqs), None, None, D), dtype=first.dtype)
+        assert isinstance(q, torch.Tensor)
+        B, Hq, L, _ = q.shape
+        if Hq == 0 or Hq % H or L == 0:
+            raise ShapeError(f"q: expected (B, Hq, L, {D}) with Hq a positive multiple of the "
+                             f"{H} KV heads and L >= 1, got {tuple(q.shape)}")
+        if finite:
+            check_finite(q, "q")
+        if scale is None:
+            scale = 1.0 / math.sqrt(D)
+        elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise InvalidValueError(f"scale: expected a positive finite number, got {scale!r}")
+        if not grouped:
+            return q, float(scale)
+        q = q.to(first.layers[layer].device)
+        return q.float().reshape(B, H, Hq // H, L, D), float(scale)
+
+    def run(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
+            scale: float) -> QueryResult:
+        """Answer a query :meth:`check` accepted."""
+        store = self._store
+        q = q.to(seqs[0].layers[layer].device)
+        if len(seqs) > 1 and q.shape[2] > 1:
+            return self._run_rows(seqs, layer, q, scale)
+        steady = stack_steady(seqs, layer)
+        view = self._batch_views.view(seqs, layer)
+        if len(seqs) > 1 and view is not None:
+            old = self._stacked.get(layer)
+            if old is not None and old is not view:
+                self.retire(old)  # the batch cache keeps one stacked view per layer
+            self._stacked[layer] = view
+        # wave buffers an executor builds here charge kvstore.gpu_budget_gb up front
+        with charging(store.placement.device_account):
+            out, lse, stats = self._executor.run(store.index_for(layer), view, steady, q,
+                                                 scale, store.config.for_layer(layer))
+        return QueryResult(out=out, lse=lse, stats=stats)
+
+    def _run_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
+                  scale: float) -> QueryResult:
+        """A multi-token query (a prefill chunk) of several sequences, one row at a time.
+
+        Each row reads its own layer's view in place, so the batch never stacks a padded
+        ``[B, Hkv, N, D]`` copy of every row's rows (a second copy of the whole KV of the
+        layer, rebuilt each chunk), and the executor's score slices cover one row. The
+        results are the batched query's: rows never interact, the plan of each row is its
+        own; the stats are summed over rows (``estimated_mass`` averaged, as the batched
+        query averages over all rows' query tokens).
+        """
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], device=q.device)
+        totals = [0, 0, 0, 0, 0.0]
+        for b, seq in enumerate(seqs):
+            res = self.run([seq], layer, q[b:b + 1], scale)
+            out[b:b + 1] = res.out
+            lse[b:b + 1] = res.lse
+            st = res.stats
+            for i, value in enumerate((st.tokens_total, st.tokens_exact, st.units_retrieved,
+                                       st.units_estimated, st.estimated_mass)):
+                totals[i] += value
+        stats = QueryStats(int(totals[0]), int(totals[1]), int(totals[2]), int(totals[3]),
+                           totals[4] / len(seqs))
+        return QueryResult(out=out, lse=lse, stats=stats)
+
+    def retire(self, view: IndexView) -> None:
+        """Let the executor free what it prepared for ``view`` (its wave buffer: GPU
+        memory charged to ``kvstore.gpu_budget_gb``), if it can."""
+        release = getattr(self._executor, "release_view", None)
+        if release is not None:
+            release(view)
+
+    def release_views(self) -> None:
+        """Retire every stacked view and forget the batch views (after a rollback, a drop,
+        or at close)."""
+        for view in self._stacked.values():
+            self.retire(view)
+        self._stacked.clear()
+        self._batch_views.clear()
