@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vecstore.buffer.recency import RECENCY, RecencyOrder
 from vecstore.cache import CachePolicy, make_policy
 
 __all__ = ["StepRecord", "PolicyBookkeeper"]
@@ -83,8 +84,10 @@ class PolicyBookkeeper:
                  executor: Executor | None = None) -> None:
         self.rows = rows
         self.num_slots = num_slots
-        self._policies: list[CachePolicy] = [make_policy(policy, num_slots) for _ in range(rows)]
-        self._slot_of: list[dict[int, int]] = [{} for _ in range(rows)]
+        self._recency = RecencyOrder(rows, num_slots, policy) if policy in RECENCY else None
+        self._policies: list[CachePolicy] = [] if self._recency else [
+            make_policy(policy, num_slots) for _ in range(rows)]
+        self._slot_of: list[dict[int, int]] = [{} for _ in self._policies]
         self._executor = executor
         self._owns = executor is None
         self._lock = threading.Lock()
@@ -130,7 +133,21 @@ class PolicyBookkeeper:
             rec.ready.synchronize()
         ids, slot = rec.ids.numpy(), rec.slot.numpy()
         admitted, evicted = rec.admitted.numpy(), rec.evicted.numpy()
-        for row, n in enumerate(rec.count.tolist()):
+        if self._recency is not None:
+            victims = self._recency.apply(slot, admitted, rec.count.numpy())
+        else:
+            victims = self._apply_policies(ids, slot, admitted, evicted, rec.count.tolist())
+        out = torch.from_numpy(victims)
+        if torch.cuda.is_available():
+            out = out.pin_memory()
+        with self._lock:
+            self._published = out
+            self.applied += 1
+
+    def _apply_policies(self, ids: np.ndarray, slot: np.ndarray, admitted: np.ndarray,
+                        evicted: np.ndarray, counts: list[int]) -> np.ndarray:
+        # one CachePolicy per row, fed cluster by cluster; the victim list from its order
+        for row, n in enumerate(counts):
             pol, where = self._policies[row], self._slot_of[row]
             for c, s, a, e in zip(ids[row, :n].tolist(), slot[row, :n].tolist(),
                                   admitted[row, :n].tolist(), evicted[row, :n].tolist(),
@@ -151,9 +168,4 @@ class PolicyBookkeeper:
             free = np.setdiff1d(np.arange(self.num_slots, dtype=np.int32), used,
                                 assume_unique=True)
             victims[row] = np.concatenate([free, used])
-        out = torch.from_numpy(victims)
-        if torch.cuda.is_available():
-            out = out.pin_memory()
-        with self._lock:
-            self._published = out
-            self.applied += 1
+        return victims
