@@ -63,21 +63,28 @@ def radix_threshold(hist_ptr, k, PASSES: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def _digit_of(key, valid, t, PASS: tl.constexpr, BITS: tl.constexpr):
+    # pass PASS's digit of each key, and which keys take part: valid ones matching prefix t
+    hi = 32 - BITS * PASS
+    lo = hi - BITS if hi > BITS else 0
+    digit = ((key >> lo) & ((1 << (hi - lo)) - 1)).to(tl.int32)
+    match = valid
+    if PASS > 0:
+        match = valid & ((key >> hi) == (t >> hi))
+    return digit, match
+
+
+@triton.jit
 def radix_histogram(score_ptr, C, t, PASS: tl.constexpr, BITS: tl.constexpr,
                     BLOCK: tl.constexpr):
     # the histogram [2**BITS] of pass PASS's digit over the keys of scores [C] that match
     # prefix t, summed in registers over the row
-    hi = 32 - BITS * PASS
-    lo = hi - BITS if hi > BITS else 0
     h = tl.zeros([1 << BITS], tl.int32)
     for c0 in range(0, C, BLOCK):
         idx = c0 + tl.arange(0, BLOCK)
         valid = idx < C
         key = radix_keys(tl.load(score_ptr + idx, mask=valid, other=0.0))
-        digit = ((key >> lo) & ((1 << (hi - lo)) - 1)).to(tl.int32)
-        match = valid
-        if PASS > 0:
-            match = valid & ((key >> hi) == (t >> hi))
+        digit, match = _digit_of(key, valid, t, PASS, BITS)
         h += tl.histogram(digit, 1 << BITS, mask=match)
     return h
 
@@ -85,12 +92,7 @@ def radix_histogram(score_ptr, C, t, PASS: tl.constexpr, BITS: tl.constexpr,
 @triton.jit
 def radix_count(key, valid, t, counts_ptr, PASS: tl.constexpr, BITS: tl.constexpr):
     # add the histogram of pass PASS's digit over the keys that match prefix t
-    hi = 32 - BITS * PASS
-    lo = hi - BITS if hi > BITS else 0
-    digit = ((key >> lo) & ((1 << (hi - lo)) - 1)).to(tl.int32)
-    match = valid
-    if PASS > 0:
-        match = valid & ((key >> hi) == (t >> hi))
+    digit, match = _digit_of(key, valid, t, PASS, BITS)
     h = tl.histogram(digit, 1 << BITS, mask=match)
     bins = tl.arange(0, 1 << BITS)
     tl.atomic_add(counts_ptr + PASS * (1 << BITS) + bins, h, mask=h > 0)
