@@ -17,18 +17,29 @@ it through the store's query (retrieval and estimation zones, as any continued p
 A variant that runs out of GPU memory is recorded as ``oom`` and the run goes on.
 
 - ``sdpa``: transformers' ``DynamicCache`` with ``attn_implementation="sdpa"``;
+- ``static``: transformers' ``StaticCache`` (preallocated for the whole run) with ``sdpa``;
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor on the GPU.
+
+``speedup`` divides the wave cache's tokens/s by the faster of the two transformers
+caches measured at that batch. ``--profile`` also writes, per cache and batch,
+``e2e_profile_<cache>_b<batch>.txt``: the busiest CUDA kernels and host calls of a few
+decode steps (``torch.profiler``) and the Python functions they spent the host's time in
+(``cProfile``).
 
 Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
     python benchmarks/e2e.py [--context 131072] [--batches 1 8 ...] [--layers 4]
-                             [--prefill-chunk 16384] [--out DIR]
+                             [--prefill-chunk 16384] [--caches sdpa static wave]
+                             [--profile] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -74,8 +85,40 @@ def prefill(model, cache, ids: torch.Tensor, chunk: int) -> torch.Tensor:
     return out.logits[:, -1:]
 
 
+PROFILE_STEPS = 8
+
+
+def profile_steps(step, nxt: torch.Tensor, path: Path) -> torch.Tensor:
+    """Run ``PROFILE_STEPS`` decode steps under ``torch.profiler`` and ``cProfile``; write
+    the top kernels, host operators and Python functions to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE_STEPS):
+            nxt = step(nxt)
+        torch.cuda.synchronize()
+    py = cProfile.Profile()
+    t0 = time.perf_counter()
+    py.enable()
+    for _ in range(PROFILE_STEPS):
+        nxt = step(nxt)
+    torch.cuda.synchronize()
+    py.disable()
+    wall = (time.perf_counter() - t0) / PROFILE_STEPS
+    text = io.StringIO()
+    pstats.Stats(py, stream=text).sort_stats("cumulative").print_stats(45)
+    events = prof.key_averages()
+    path.write_text(
+        f"{PROFILE_STEPS} decode steps; under cProfile {wall * 1e3:.2f} ms/step\n\n"
+        "## CUDA time\n" + events.table(sort_by="self_cuda_time_total", row_limit=30)
+        + "\n## host time\n" + events.table(sort_by="self_cpu_time_total", row_limit=30)
+        + "\n## Python (cProfile, cumulative)\n" + text.getvalue())
+    return nxt
+
+
 @torch.inference_mode()
-def run(model, cache, ids: torch.Tensor, steps: int, chunk: int) -> dict:
+def run(model, cache, ids: torch.Tensor, steps: int, chunk: int,
+        profile_to: Path | None = None) -> dict:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     logits = prefill(model, cache, ids, chunk)
@@ -96,15 +139,33 @@ def run(model, cache, ids: torch.Tensor, steps: int, chunk: int) -> dict:
         nxt = step(nxt)
     torch.cuda.synchronize()
     decode = time.perf_counter() - t0
+    if profile_to is not None:
+        profile_steps(step, nxt, profile_to)
     return {"prefill_s": prefill_s, "decode_s": decode,
             "tokens_per_s": ids.shape[0] * steps / decode,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9}
 
 
+CACHES = ("sdpa", "static", "wave")
+BASELINES = ("sdpa", "static")
 COLUMNS = ["batch", "context", "layers", "prefill_chunk", "sdpa_tokens_per_s",
-           "wave_tokens_per_s", "speedup", "sdpa_prefill_s", "wave_prefill_s",
-           "sdpa_peak_gpu_gb", "wave_peak_gpu_gb", "wave_exact_fraction", "sdpa_error",
+           "static_tokens_per_s", "wave_tokens_per_s", "speedup", "sdpa_prefill_s",
+           "static_prefill_s", "wave_prefill_s", "sdpa_peak_gpu_gb", "static_peak_gpu_gb",
+           "wave_peak_gpu_gb", "wave_exact_fraction", "sdpa_error", "static_error",
            "wave_error"]
+
+
+def make_cache(name: str, model, batch_len: int):
+    """A fresh cache of kind ``name`` for a run whose rows reach ``batch_len`` tokens."""
+    from transformers import DynamicCache, StaticCache
+
+    from integrations.hf import WaveCache
+
+    if name == "sdpa":
+        return DynamicCache(config=model.config)
+    if name == "static":
+        return StaticCache(config=model.config, max_cache_len=batch_len)
+    return WaveCache({"executor": {"kind": "wave", "device": "cuda"}}, model)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -112,11 +173,15 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Decode tokens/s of both caches per batch (rows where both ran)."""
+    """Decode tokens/s of every cache per batch (rows where the wave cache and a baseline
+    ran; a cache that did not run at a batch shows no bar there)."""
     done = [r for r in rows if "speedup" in r]
+    names = {"sdpa": "DynamicCache + SDPA", "static": "StaticCache + SDPA",
+             "wave": "vecstore wave cache"}
     plot_pairs(path, [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in done],
-               {"transformers + SDPA": [r["sdpa_tokens_per_s"] for r in done],
-                "vecstore wave cache": [r["wave_tokens_per_s"] for r in done]},
+               {label: [r.get(f"{name}_tokens_per_s", 0.0) for r in done]
+                for name, label in names.items() if any(f"{name}_tokens_per_s" in r
+                                                        for r in done)},
                "decode tokens/s", f"end to end, {done[0]['context'] // 1024}K context"
                if done else "end to end")
 
@@ -131,16 +196,14 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", type=int, default=16384,
                         help="prompt tokens per prefill forward pass, summed over the batch "
                              "(0 = the whole prompt in one pass)")
-    parser.add_argument("--caches", nargs="+", choices=["sdpa", "wave"],
-                        default=["sdpa", "wave"], help="which caches to run")
+    parser.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES),
+                        help="which caches to run")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile a few decode steps of each cache and batch")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if any(not 1 <= b <= MAX_BATCH for b in args.batches):
         parser.error(f"--batches: each must be between 1 and {MAX_BATCH}")
-    from transformers import DynamicCache
-
-    from integrations.hf import WaveCache
-
     model = build_model(args.layers)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -154,15 +217,15 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+            profile_to = (args.out / f"e2e_profile_{name}_b{batch}.txt"
+                          if args.profile else None)
+            length = args.context + WARMUP_STEPS + args.steps + 2 * PROFILE_STEPS
+            cache = None
             try:
-                if name == "sdpa":
-                    res = run(model, DynamicCache(config=model.config), ids, args.steps, chunk)
-                else:
-                    cfg = {"executor": {"kind": "wave", "device": "cuda"}}
-                    with WaveCache(cfg, model) as cache:
-                        res = run(model, cache, ids, args.steps, chunk)
-                        stats = cache.decode_stats
-                    res["exact_fraction"] = stats.exact_fraction
+                cache = make_cache(name, model, length)
+                res = run(model, cache, ids, args.steps, chunk, profile_to)
+                if name == "wave":
+                    res["exact_fraction"] = cache.decode_stats.exact_fraction
             except Exception as exc:  # report and carry on with the other variants
                 oom = _is_oom(exc)
                 print(f"{name} batch {batch}: {'oom' if oom else ''} {type(exc).__name__}: "
@@ -170,13 +233,17 @@ def main() -> None:
                 row[f"{name}_error"] = "oom" if oom else f"{type(exc).__name__}: {str(exc)[:200]}"
                 continue
             finally:  # free the failed (or finished) variant's memory before the next one
+                if name == "wave" and cache is not None:
+                    cache.close()
                 cache = None
                 gc.collect()
                 torch.cuda.empty_cache()
             row.update({f"{name}_{k}": v for k, v in res.items()})
             print(name, batch, res, flush=True)
-        if "sdpa_tokens_per_s" in row and "wave_tokens_per_s" in row:
-            row["speedup"] = row["wave_tokens_per_s"] / row["sdpa_tokens_per_s"]
+        best = max((row[f"{b}_tokens_per_s"] for b in BASELINES if f"{b}_tokens_per_s" in row),
+                   default=None)
+        if best is not None and "wave_tokens_per_s" in row:
+            row["speedup"] = row["wave_tokens_per_s"] / best
         rows.append(row)
         del ids
         save(args, rows)  # after every batch: a run stopped early keeps what it measured
