@@ -17,12 +17,14 @@ from vecstore.types import QueryStats
 __all__ = ["ingest", "query_store", "decode"]
 
 
-def ingest(seqs: list[Sequence], layer: int, k: torch.Tensor, v: torch.Tensor,
+def ingest(store: Store, seqs: list[Sequence], layer: int, k: torch.Tensor, v: torch.Tensor,
            valid: torch.Tensor | None, *, finite: bool = True) -> None:
     """Append each row's valid tokens to its sequence (padding is never stored).
 
     Parameters
     ----------
+    store : Store
+        The store holding ``seqs``.
     seqs : list[Sequence]
         ``B`` sequences, one per batch row.
     layer : int
@@ -35,10 +37,10 @@ def ingest(seqs: list[Sequence], layer: int, k: torch.Tensor, v: torch.Tensor,
         Scan each row's keys and values for NaN/Inf (``False``: the caller did, for all
         rows at once).
     """
+    if valid is None:
+        store.append_batch(seqs, layer, k, v, finite=finite)
+        return
     for b, seq in enumerate(seqs):
-        if valid is None:
-            seq._append(layer, k[b], v[b], finite=finite)
-            continue
         keep = valid[b].nonzero().flatten()
         if keep.numel():
             seq._append(layer, k[b].index_select(1, keep), v[b].index_select(1, keep),
@@ -110,10 +112,9 @@ def decode(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: t
         # every row stores its token and is queried: one NaN/Inf scan (one host sync) for
         # k, v and q of all rows, before anything is stored, and one transaction
         check_all_finite(keys=k, values=v, q=q)
-        with store.transaction():
-            ingest(seqs, layer, k, v, None, finite=False)
+        ingest(store, seqs, layer, k, v, None, finite=False)
         out, _, stats = query_store(store, seqs, layer, q, scale, finite=False)
         return out, stats
-    ingest(seqs, layer, k, v, valid)
+    ingest(store, seqs, layer, k, v, valid)
     out, _, stats = query_store(store, seqs, layer, q, scale)
     return out, stats

@@ -57,5 +57,5 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
         out_new, lse_new = attention_with_lse(q, k, v, scale=scale, valid=valid)
         merged, _ = merge(out_past.float(), lse_past, out_new.float(), lse_new)
         out = merged.to(q.dtype)
-    ingest(seqs, layer, k, v, valid)
+    ingest(store, seqs, layer, k, v, valid)
     return out, stats

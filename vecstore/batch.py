@@ -10,6 +10,7 @@ from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
 
 if TYPE_CHECKING:
+    from vecstore.layer import LayerState
     from vecstore.sequence import Sequence
 
 __all__ = ["BatchViews", "stack_steady", "empty_view"]
@@ -50,10 +51,19 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     padding) are stacked without padding and their lengths filled on the device; only
     rows of different lengths copy their lengths from (pinned) host memory, asynchronously.
     """
-    parts = [s.layers[layer].steady() for s in seqs]
+    states = [s.layers[layer] for s in seqs]
+    dev = states[0].device
+    if len(states) > 1 and _same_shapes(states):
+        # sinks and tails stacked separately: four copies for the batch, not one per row
+        keys = torch.cat([torch.stack([st.sink_keys for st in states]),
+                          torch.stack([st.pending_keys for st in states])], dim=2)
+        values = torch.cat([torch.stack([st.sink_values for st in states]),
+                            torch.stack([st.pending_values for st in states])], dim=2)
+        return Steady(keys, values, torch.full((len(states),), keys.shape[2],
+                                               dtype=torch.long, device=dev))
+    parts = [st.steady() for st in states]
     sizes = [k.shape[1] for k, _ in parts]
     S = max(sizes)
-    dev = parts[0][0].device
     if len(parts) == 1:
         k, v = parts[0]
         return Steady(k[None], v[None], torch.full((1,), S, dtype=torch.long, device=dev))
@@ -71,6 +81,13 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
         lengths = lengths.to(dev)
     return Steady(torch.stack([pad(k) for k, _ in parts]),
                   torch.stack([pad(v) for _, v in parts]), lengths)
+
+
+def _same_shapes(states: list[LayerState]) -> bool:
+    """Whether every layer holds as many sinks, and as many tail tokens, as the first."""
+    sink, tail = states[0].sink_keys.shape[1], states[0].pending_keys.shape[1]
+    return all(st.sink_keys.shape[1] == sink and st.pending_keys.shape[1] == tail
+               for st in states)
 
 
 def empty_view(like: IndexView) -> IndexView:

@@ -57,17 +57,23 @@ class LayerState:
         self.label = label or "a layer"
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.version = 0  # bumped whenever segments change
+        self._indexed = (0, 0)  # (version, tokens in segments) of the last count
         self._view: IndexView | None = None
         self._image: _Image | None = None
 
     @property
     def num_tokens(self) -> int:
-        return (self.sink_keys.shape[1] + self.pending_keys.shape[1]
-                + sum(s.num_tokens for s in self.segments))
+        return self.sink_keys.shape[1] + self.pending_keys.shape[1] + self.num_indexed
 
     @property
     def num_indexed(self) -> int:
-        return sum(s.num_tokens for s in self.segments)
+        """Tokens in the segments, counted again only after they change (``version``):
+        decode asks for it several times per step and layer."""
+        version, count = self._indexed
+        if version != self.version:
+            count = sum(s.num_tokens for s in self.segments)
+            self._indexed = (self.version, count)
+        return count
 
     @property
     def rows(self) -> StoredRows | None:

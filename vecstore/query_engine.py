@@ -39,25 +39,8 @@ class QueryEngine:
     def check(self, seqs: list[Sequence], layer: int, q: object, scale: float | None, *,
               finite: bool = True, grouped: bool = True) -> tuple[torch.Tensor, float]:
         """:meth:`Store.check_query <vecstore.store.Store.check_query>`."""
-        store = self._store
-        store.check_open()
-        if not isinstance(seqs, (list, tuple)) or not seqs:
-            raise InvalidValueError("seqs: expected a non-empty list of Sequence")
+        self.check_seqs(seqs, layer, stored=True)
         first = seqs[0]
-        for s in seqs:
-            if not isinstance(s, Sequence) or s._store is not store:
-                raise InvalidValueError("seqs: every item must be a Sequence of this store")
-            if s.is_dropped:
-                raise SequenceDroppedError(f"sequence {s.name!r} was dropped")
-            check_index(layer, "layer", s.num_layers)
-            here, there = s.layers[layer].device, first.layers[layer].device
-            if (s.num_kv_heads, s.head_dim, s.dtype, here) != (
-                    first.num_kv_heads, first.head_dim, first.dtype, there):
-                raise InvalidValueError(
-                    f"seqs: {s.name!r} and {first.name!r} differ in KV heads, head_dim, "
-                    "dtype or device and cannot be queried together")
-            if s.layers[layer].num_tokens == 0:
-                raise InvalidValueError(f"layer {layer} of sequence {s.name!r} holds no tokens")
         H, D = first.num_kv_heads, first.head_dim
         check_tensor(q, "q", shape=(len(seqs), None, None, D), dtype=first.dtype)
         assert isinstance(q, torch.Tensor)
@@ -75,6 +58,30 @@ class QueryEngine:
             return q, float(scale)
         q = q.to(first.layers[layer].device)
         return q.float().reshape(B, H, Hq // H, L, D), float(scale)
+
+    def check_seqs(self, seqs: object, layer: int, *, stored: bool) -> None:
+        """Check that ``seqs`` is a non-empty list of live sequences of the store whose
+        ``layer`` exists and agrees in KV heads, head_dim, dtype and device (and, with
+        ``stored``, holds tokens in every row)."""
+        store = self._store
+        store.check_open()
+        if not isinstance(seqs, (list, tuple)) or not seqs:
+            raise InvalidValueError("seqs: expected a non-empty list of Sequence")
+        first = seqs[0]
+        for s in seqs:
+            if not isinstance(s, Sequence) or s._store is not store:
+                raise InvalidValueError("seqs: every item must be a Sequence of this store")
+            if s.is_dropped:
+                raise SequenceDroppedError(f"sequence {s.name!r} was dropped")
+            check_index(layer, "layer", s.num_layers)
+            here, there = s.layers[layer].device, first.layers[layer].device
+            if (s.num_kv_heads, s.head_dim, s.dtype, here) != (
+                    first.num_kv_heads, first.head_dim, first.dtype, there):
+                raise InvalidValueError(
+                    f"seqs: {s.name!r} and {first.name!r} differ in KV heads, head_dim, "
+                    "dtype or device and cannot be used together")
+            if stored and s.layers[layer].num_tokens == 0:
+                raise InvalidValueError(f"layer {layer} of sequence {s.name!r} holds no tokens")
 
     def run(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
             scale: float) -> QueryResult:

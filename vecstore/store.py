@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vecstore.checks import parse_dtype
+from vecstore.checks import check_all_finite, check_tensor, parse_dtype
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
@@ -20,6 +20,7 @@ from vecstore.errors import (
     InvalidValueError,
     NotFoundError,
     ReadOnlyError,
+    ShapeError,
     StoreClosedError,
 )
 from vecstore.executor.base import EXECUTORS, Executor
@@ -327,6 +328,55 @@ class Store:
         with self.transaction():
             self._current_txn().touch(seq, layer)
             seq.layers[layer].append(keys, values)
+
+    def append_batch(self, seqs: list[Sequence], layer: int, keys: torch.Tensor,
+                     values: torch.Tensor, *, finite: bool = True) -> None:
+        """Append row ``b`` of ``keys, values`` to ``seqs[b]``, every row in one transaction.
+
+        The batched :meth:`Sequence.append` (a decode step of a batch): the arguments are
+        checked once for all rows, and a failed check stores nothing.
+
+        Parameters
+        ----------
+        seqs : list[Sequence]
+            ``B`` sequences of this store with the same KV heads, head_dim, dtype and
+            device of ``layer``.
+        layer : int
+            Layer index.
+        keys, values : torch.Tensor
+            ``[B, Hkv, T, D]``, ``T >= 1``, of the sequences' dtype.
+        finite : bool
+            Scan ``keys`` and ``values`` for NaN/Inf first (one host sync on a GPU;
+            ``False``: the caller did).
+
+        Raises
+        ------
+        ShapeError, InvalidValueError, SequenceDroppedError
+            Before anything is stored.
+
+        Examples
+        --------
+        >>> with Store.open() as store:
+        ...     seqs = [store.create(n, num_layers=1, num_kv_heads=2, head_dim=8,
+        ...                          dtype=torch.float32) for n in ("a", "b")]
+        ...     store.append_batch(seqs, 0, torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 8))
+        ...     [s.num_tokens for s in seqs]
+        [3, 3]
+        """
+        self._queries.check_seqs(seqs, layer, stored=False)
+        first = seqs[0]
+        shape = (len(seqs), first.num_kv_heads, None, first.head_dim)
+        check_tensor(keys, "keys", shape=shape, dtype=first.dtype)
+        check_tensor(values, "values", shape=tuple(keys.shape), dtype=first.dtype)
+        if keys.shape[2] == 0:
+            raise ShapeError(f"keys: expected at least one token, got shape {tuple(keys.shape)}")
+        if finite:
+            check_all_finite(keys=keys, values=values)
+        dev = first.layers[layer].device
+        keys, values = keys.to(dev).contiguous(), values.to(dev).contiguous()
+        with self.transaction():
+            for b, seq in enumerate(seqs):
+                self.append_tokens(seq, layer, keys[b], values[b])
 
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
                     scale: float | None, *, finite: bool = True,

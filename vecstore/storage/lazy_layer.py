@@ -90,3 +90,4 @@ class LazyLayer(LayerState):
             self._pending_keys, self._pending_values = data.pending_keys, data.pending_values
             self._segments = data.segments
             self._loader = None
+            self.version += 1  # the segments changed: counts and views are stale

@@ -1,0 +1,111 @@
+"""Store.append_batch: the batched append equals one append per row, checks every row
+before storing anything, and the batch's stacked steady zone equals the per-row one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vecstore import Store
+from vecstore.batch import stack_steady
+from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
+
+H, D = 2, 8
+CFG = {"index": {"tokens_per_cluster": 4, "segment_tokens": 32},
+       "attention": {"sink_tokens": 3, "window_tokens": 5, "update_tokens": 16}}
+
+
+def _seqs(store: Store, n: int, prefix: str = "s") -> list:
+    return [store.create(f"{prefix}{i}", num_layers=2, num_kv_heads=H, head_dim=D,
+                         dtype=torch.float32) for i in range(n)]
+
+
+def _kv(B: int, T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)
+
+
+def _state(seq, layer: int) -> list[torch.Tensor]:
+    st_ = seq.layers[layer]
+    return [st_.sink_keys, st_.sink_values, st_.pending_keys, st_.pending_values,
+            *[t for s in st_.segments for t in (s.keys, s.values)]]
+
+
+@settings(max_examples=25, deadline=None)
+@given(B=st.integers(1, 4), steps=st.lists(st.integers(1, 20), min_size=1, max_size=5),
+       seed=st.integers(0, 2**16))
+def test_append_batch_equals_one_append_per_row(B, steps, seed):
+    with Store.open(config=CFG) as batched, Store.open(config=CFG) as single:
+        a, b = _seqs(batched, B), _seqs(single, B)
+        for i, T in enumerate(steps):
+            k, v = _kv(B, T, seed + i)
+            batched.append_batch(a, 1, k, v)
+            for row, seq in enumerate(b):
+                seq.append(1, k[row], v[row])
+        q = torch.randn(B, 2 * H, 1, D, generator=torch.Generator().manual_seed(seed))
+        for x, y in zip(a, b, strict=True):
+            assert x.tokens(1) == y.tokens(1) == sum(steps) and x.tokens(0) == 0
+            assert x.layers[1].num_indexed == y.layers[1].num_indexed
+            got, want = _state(x, 1), _state(y, 1)
+            assert len(got) == len(want)
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        assert torch.equal(batched.query(a, 1, q).out, single.query(b, 1, q).out)
+
+
+def _unchanged(store: Store, seqs: list, bad: dict, error: type, match: str) -> None:
+    before = [[t.clone() for t in _state(s, 0)] for s in seqs]
+    k, v = _kv(len(seqs), 4, 1)
+    args = {"seqs": seqs, "layer": 0, "keys": k, "values": v, **bad}
+    with pytest.raises(error, match=match):
+        store.append_batch(**args)
+    for s, old in zip(seqs, before, strict=True):
+        assert all(torch.equal(g, w) for g, w in zip(_state(s, 0), old, strict=True))
+
+
+def test_bad_batches_raise_and_store_nothing():
+    with Store.open(config=CFG) as store, Store.open(config=CFG) as other:
+        seqs = _seqs(store, 3)
+        k, v = _kv(3, 20, 0)
+        store.append_batch(seqs, 0, k, v)
+        nan = k[:, :, :4].clone()
+        nan[2, 1, 3, 0] = float("nan")
+        _unchanged(store, seqs, {"keys": nan}, InvalidValueError, "keys")
+        inf = v[:, :, :4].clone()
+        inf[0, 0, 0, 5] = float("inf")
+        _unchanged(store, seqs, {"values": inf}, InvalidValueError, "values")
+        _unchanged(store, seqs, {"keys": torch.randn(2, H, 4, D)}, ShapeError, "keys")
+        _unchanged(store, seqs, {"values": torch.randn(3, H, 5, D)}, ShapeError, "values")
+        _unchanged(store, seqs, {"keys": torch.randn(3, H, 0, D),
+                                 "values": torch.randn(3, H, 0, D)}, ShapeError, "at least one")
+        _unchanged(store, seqs, {"keys": k[:, :, :4].double()}, ShapeError, "dtype")
+        _unchanged(store, seqs, {"layer": 2}, InvalidValueError, "layer")
+        _unchanged(store, seqs, {"seqs": [*seqs[:2], _seqs(other, 1)[0]]}, InvalidValueError,
+                   "Sequence of this store")
+        wide = store.create("wide", num_layers=2, num_kv_heads=2 * H, head_dim=D,
+                            dtype=torch.float32)
+        _unchanged(store, seqs, {"seqs": [*seqs[:2], wide]}, InvalidValueError, "differ")
+        store.drop(seqs[1].name)
+        _unchanged(store, [seqs[0], seqs[2]], {"seqs": seqs}, SequenceDroppedError, "dropped")
+        with pytest.raises(InvalidValueError, match="non-empty"):
+            store.append_batch([], 0, k, v)
+
+
+@pytest.mark.parametrize("lengths", [[30, 30, 30], [2, 2], [30, 9, 2], [1, 40]])
+def test_stacked_steady_zone_equals_each_row_padded(lengths):
+    with Store.open(config=CFG) as store:
+        seqs = _seqs(store, len(lengths))
+        for i, (seq, n) in enumerate(zip(seqs, lengths, strict=True)):
+            k, v = _kv(1, n, i)
+            seq.append(0, k[0], v[0])
+        steady = stack_steady(seqs, 0)
+        S = max(s.layers[0].steady()[0].shape[1] for s in seqs)
+        assert steady.keys.shape == (len(seqs), H, S, D)
+        for row, seq in enumerate(seqs):
+            keys, values = seq.layers[0].steady()
+            n = keys.shape[1]
+            assert int(steady.lengths[row]) == n
+            assert torch.equal(steady.keys[row, :, :n], keys)
+            assert torch.equal(steady.values[row, :, :n], values)
+            assert not steady.keys[row, :, n:].any() and not steady.values[row, :, n:].any()
