@@ -176,14 +176,15 @@ def plot(rows: list[dict], path: Path) -> None:
     """Decode tokens/s of every cache per batch (rows where the wave cache and a baseline
     ran; a cache that did not run at a batch shows no bar there)."""
     done = [r for r in rows if "speedup" in r]
+    if not done:
+        return
     names = {"sdpa": "DynamicCache + SDPA", "static": "StaticCache + SDPA",
              "wave": "vecstore wave cache"}
     plot_pairs(path, [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in done],
                {label: [r.get(f"{name}_tokens_per_s", 0.0) for r in done]
                 for name, label in names.items() if any(f"{name}_tokens_per_s" in r
                                                         for r in done)},
-               "decode tokens/s", f"end to end, {done[0]['context'] // 1024}K context"
-               if done else "end to end")
+               "decode tokens/s", f"end to end, {done[0]['context'] // 1024}K context")
 
 
 def main() -> None:
