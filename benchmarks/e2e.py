@@ -39,12 +39,17 @@ import argparse
 import cProfile
 import gc
 import io
+import os
 import pstats
 import sys
 import time
 from pathlib import Path
 
-import torch
+# before CUDA starts: growing caches (DynamicCache's concatenations, the store's segments)
+# otherwise leave tens of GB reserved but unusable, and large batches fail for fragmentation
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -258,7 +263,8 @@ def save(args: argparse.Namespace, rows: list[dict]) -> None:
     meta = {**machine(), "transformers": transformers.__version__,
             "model": "Llama-3-8B shape, random weights, bf16", "steps": args.steps,
             "warmup_steps": WARMUP_STEPS, "layers": args.layers,
-            "prefill_chunk": args.prefill_chunk}
+            "prefill_chunk": args.prefill_chunk,
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     write_results(args.out, "e2e", meta, rows, COLUMNS, "End-to-end decode tokens/s")
     plot(rows, args.out / "e2e.png")
 
