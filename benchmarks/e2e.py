@@ -153,7 +153,7 @@ def run(model, cache, ids: torch.Tensor, steps: int, chunk: int,
 
 CACHES = ("sdpa", "static", "wave")
 BASELINES = ("sdpa", "static")
-COLUMNS = ["batch", "context", "layers", "prefill_chunk", "sdpa_tokens_per_s",
+COLUMNS = ["batch", "context", "layers", "prefill_chunk", "alloc_conf", "sdpa_tokens_per_s",
            "static_tokens_per_s", "wave_tokens_per_s", "speedup", "sdpa_prefill_s",
            "static_prefill_s", "wave_prefill_s", "sdpa_peak_gpu_gb", "static_peak_gpu_gb",
            "wave_peak_gpu_gb", "wave_exact_fraction", "sdpa_error", "static_error",
@@ -216,7 +216,8 @@ def main() -> None:
     for batch in args.batches:
         chunk = chunk_length(batch, args.prefill_chunk, args.context)
         row: dict = {"batch": batch, "context": args.context, "layers": args.layers,
-                     "prefill_chunk": chunk}
+                     "prefill_chunk": chunk,
+                     "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"}
         ids = torch.randint(0, model.config.vocab_size, (batch, args.context), generator=gen,
                             device="cuda")
         for name in args.caches:
@@ -263,8 +264,7 @@ def save(args: argparse.Namespace, rows: list[dict]) -> None:
     meta = {**machine(), "transformers": transformers.__version__,
             "model": "Llama-3-8B shape, random weights, bf16", "steps": args.steps,
             "warmup_steps": WARMUP_STEPS, "layers": args.layers,
-            "prefill_chunk": args.prefill_chunk,
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+            "prefill_chunk": args.prefill_chunk}
     write_results(args.out, "e2e", meta, rows, COLUMNS, "End-to-end decode tokens/s")
     plot(rows, args.out / "e2e.png")
 
