@@ -375,8 +375,10 @@ class Store:
         dev = first.layers[layer].device
         keys, values = keys.to(dev).contiguous(), values.to(dev).contiguous()
         with self.transaction():
+            txn = self._current_txn()
             for b, seq in enumerate(seqs):
-                self.append_tokens(seq, layer, keys[b], values[b])
+                txn.touch(seq, layer)
+                seq.layers[layer].append(keys[b], values[b])
 
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
                     scale: float | None, *, finite: bool = True,

@@ -17,13 +17,12 @@ class CupyClusterer:
     def __init__(self, seed: int = 0) -> None:
         try:
             import cupy
-            import cupyx
         except ImportError:
             raise BackendUnavailableError(
                 "clusterer 'cupy' needs cupy: pip install 'vecstore[gpu]' "
                 "(available without it: 'torch')"
             ) from None
-        self._cp, self._cpx = cupy, cupyx
+        self._cp = cupy
         self.seed = seed
 
     def assign(
@@ -31,7 +30,7 @@ class CupyClusterer:
     ) -> torch.Tensor:
         if not x.is_cuda:
             raise BackendUnavailableError("clusterer 'cupy' needs CUDA tensors; use 'torch' on CPU")
-        cp, cpx = self._cp, self._cpx
+        cp = self._cp
         xs = cp.from_dlpack(x.contiguous())  # [P, n, D]
         c = cp.from_dlpack(init.contiguous()).copy()  # [P, k, D]
         P, n, D = xs.shape
@@ -42,7 +41,7 @@ class CupyClusterer:
         for _ in range(iters):
             assign = cp.matmul(xs, c.transpose(0, 2, 1)).argmax(-1)  # [P, n]
             sums = cp.zeros((P, k, D), dtype=xs.dtype)
-            cpx.scatter_add(sums, (rows, assign.ravel()), xv.reshape(P * n, D))
+            cp.add.at(sums, (rows, assign.ravel()), xv.reshape(P * n, D))
             norm = cp.linalg.norm(sums, axis=-1, keepdims=True)
             c = cp.where(norm > 0, sums / cp.maximum(norm, 1e-30), c)
         assign = cp.matmul(xs, c.transpose(0, 2, 1)).argmax(-1)
