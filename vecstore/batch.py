@@ -18,7 +18,11 @@ __all__ = ["BatchViews", "stack_steady", "empty_view"]
 
 class BatchViews:
     """The stacked index view of the last batch queried per layer, reused while none of
-    its sequences' segments change (decode steps query the same batch every layer)."""
+    its sequences' segments change (decode steps query the same batch every layer).
+
+    Sequences whose rows sit in device memory then read them from the stack
+    (:meth:`vecstore.layer.LayerState.share_rows`), so the batch holds one copy of them.
+    """
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[tuple[tuple[int, int], ...], IndexView | None]] = {}
@@ -40,6 +44,10 @@ class BatchViews:
         if present:
             batch = IndexView.stack([v if v is not None else empty_view(present[0])
                                      for v in views])
+            # rows of one length are unpadded in the stack: each sequence reads its rows
+            # from there, and its own copy is freed (one copy of the batch's KV, not two)
+            for b, s in enumerate(seqs):
+                s.layers[layer].share_rows(batch.keys[b], batch.values[b])
         self._cache[layer] = (key, batch)
         return batch
 

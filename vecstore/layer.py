@@ -9,6 +9,7 @@ import torch
 from vecstore.config import StoreConfig
 from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
+from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
 
 __all__ = ["LayerState"]
@@ -167,6 +168,45 @@ class LayerState:
         if self._view is None:
             self._view = IndexView.from_segments(segments)
         return self._view
+
+    def share_rows(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Read the placed rows from ``keys, values`` from now on and let the layer's own
+        copy go; returns whether it did.
+
+        ``keys, values`` are ``[Hkv, N, D]`` contiguous tensors holding exactly the layer's
+        rows (a batch row of a stacked view, :class:`vecstore.batch.BatchViews`), so a
+        batch decodes from one copy of its KV instead of two. The segments and the view
+        are rebuilt over them with the same metadata, the budget charge moves over, and
+        ``version`` stays (the contents did not change). Only rows placed in device memory
+        (:class:`~vecstore.kvstore.gpu.GPUKVStore`, whose ``free`` is bookkeeping alone)
+        are shared; anything else is left as it is.
+        """
+        image = self._image
+        if (image is None or not isinstance(image.tier, GPUKVStore)
+                or not self._is_placed(self.segments)):
+            return False
+        own = image.rows
+        if (keys.shape != own.keys.shape or values.shape != own.values.shape
+                or keys.dtype != own.keys.dtype or keys.device != own.keys.device
+                or not (keys.is_contiguous() and values.is_contiguous())):
+            return False
+        if keys.data_ptr() == own.keys.data_ptr():
+            return True
+        segments, base = [], 0
+        for seg in image.segments:
+            n = seg.num_tokens
+            segments.append(Segment(seg.start, seg.end, keys[:, base:base + n],
+                                    values[:, base:base + n], seg.offsets, seg.meta))
+            base += n
+        old = image.view
+        view = IndexView(keys=keys[None], values=values[None], offsets=old.offsets,
+                         sizes=old.sizes, meta=old.meta, num_units=old.num_units)
+        self._image = _Image(segments, StoredRows(keys, values, own.num_bytes), image.tier,
+                             image.account, image.meta_bytes, view)
+        self.segments, self._view = segments, view
+        if self.placement is not None:
+            self.placement.retire_view(old)
+        return True
 
     def release(self, *, forget: bool = True) -> None:
         """Return the placed rows and metadata to their budgets (the sequence was dropped,
