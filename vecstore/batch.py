@@ -62,11 +62,18 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     states = [s.layers[layer] for s in seqs]
     dev = states[0].device
     if len(states) > 1 and _same_shapes(states):
-        # sinks and tails stacked separately: four copies for the batch, not one per row
-        keys = torch.cat([torch.stack([st.sink_keys for st in states]),
-                          torch.stack([st.pending_keys for st in states])], dim=2)
-        values = torch.cat([torch.stack([st.sink_values for st in states]),
-                            torch.stack([st.pending_values for st in states])], dim=2)
+        # sinks and tails stacked separately: a few copies for the batch, not one per row;
+        # tails in one shared buffer (vecstore.tail) are read from it as they are
+        n = states[0].pending_keys.shape[1]
+        tail = states[0].tail_buffer
+        if tail is not None and tail.holds(states, n):
+            tail_keys, tail_values = tail.keys[:, :, :n], tail.values[:, :, :n]
+        else:
+            tail_keys = torch.stack([st.pending_keys for st in states])
+            tail_values = torch.stack([st.pending_values for st in states])
+        keys = torch.cat([torch.stack([st.sink_keys for st in states]), tail_keys], dim=2)
+        values = torch.cat([torch.stack([st.sink_values for st in states]), tail_values],
+                           dim=2)
         return Steady(keys, values, torch.full((len(states),), keys.shape[2],
                                                dtype=torch.long, device=dev))
     parts = [st.steady() for st in states]

@@ -11,6 +11,7 @@ from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
+from vecstore.tail import TailBuffer
 
 __all__ = ["LayerState"]
 
@@ -59,6 +60,7 @@ class LayerState:
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.version = 0  # bumped whenever segments change
         self._indexed = (0, 0)  # (version, tokens in segments) of the last count
+        self.tail_buffer: TailBuffer | None = None  # shared with a batch (vecstore.tail)
         self._view: IndexView | None = None
         self._image: _Image | None = None
 

@@ -33,6 +33,7 @@ from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, d
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.transaction import Transaction
 from vecstore.storage.verify import VerifyReport, verify_store
+from vecstore.tail import append_tails
 from vecstore.types import QueryResult
 
 __all__ = ["Store"]
@@ -374,11 +375,17 @@ class Store:
             check_all_finite(keys=keys, values=values)
         dev = first.layers[layer].device
         keys, values = keys.to(dev).contiguous(), values.to(dev).contiguous()
+        states = [seq.layers[layer] for seq in seqs]
+        a = states[0].config.attention
         with self.transaction():
             txn = self._current_txn()
-            for b, seq in enumerate(seqs):
+            for seq in seqs:
                 txn.touch(seq, layer)
-                seq.layers[layer].append(keys[b], values[b])
+            # a decode step of equal tails: two copies for the batch (vecstore.tail)
+            if not append_tails(states, keys, values, a.window_tokens, a.update_tokens,
+                                a.sink_tokens):
+                for b, state in enumerate(states):
+                    state.append(keys[b], values[b])
 
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
                     scale: float | None, *, finite: bool = True,

@@ -109,3 +109,57 @@ def test_stacked_steady_zone_equals_each_row_padded(lengths):
             assert torch.equal(steady.keys[row, :, :n], keys)
             assert torch.equal(steady.values[row, :, :n], values)
             assert not steady.keys[row, :, n:].any() and not steady.values[row, :, n:].any()
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("batch"), st.integers(1, 3)),
+    st.tuples(st.just("row"), st.integers(0, 2), st.integers(1, 3)),
+    st.tuples(st.just("rollback"), st.integers(1, 20))), min_size=1, max_size=40)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=_OPS, seed=st.integers(0, 2**16))
+def test_decode_steps_through_the_shared_tail_equal_appends_row_by_row(ops, seed):
+    """Decode-sized batched appends (through the batch's shared tail buffer), appends of one
+    row, and rolled-back appends leave every row as appending row by row does."""
+    with Store.open(config=CFG) as batched, Store.open(config=CFG) as single:
+        a, b = _seqs(batched, 3), _seqs(single, 3)
+        k, v = _kv(3, 9, seed)
+        batched.append_batch(a, 0, k, v)
+        for row, seq in enumerate(b):
+            seq.append(0, k[row], v[row])
+        for i, op in enumerate(ops):
+            if op[0] == "batch":
+                k, v = _kv(3, op[1], seed + i)
+                batched.append_batch(a, 0, k, v)
+                for row, seq in enumerate(b):
+                    seq.append(0, k[row], v[row])
+            elif op[0] == "row":
+                k, v = _kv(1, op[2], seed + i)
+                a[op[1]].append(0, k[0], v[0])
+                b[op[1]].append(0, k[0], v[0])
+            else:
+                with pytest.raises(RuntimeError, match="boom"), batched.transaction():
+                    batched.append_batch(a, 0, *_kv(3, op[1], seed + i))
+                    raise RuntimeError("boom")
+            for x, y in zip(a, b, strict=True):
+                got, want = _state(x, 0), _state(y, 0)
+                assert len(got) == len(want)
+                assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_a_decode_step_of_a_batch_shares_one_tail_buffer():
+    with Store.open(config=CFG) as store:
+        seqs = _seqs(store, 4)
+        store.append_batch(seqs, 0, *_kv(4, 8, 0))
+        store.append_batch(seqs, 0, *_kv(4, 1, 1))
+        first = seqs[0].layers[0].tail_buffer
+        assert first is not None and all(s.layers[0].tail_buffer is first for s in seqs)
+        held = seqs[2].layers[0].pending_keys.clone()
+        store.append_batch(seqs, 0, *_kv(4, 1, 2))
+        assert all(s.layers[0].tail_buffer is first for s in seqs)  # written in place
+        assert torch.equal(seqs[2].layers[0].pending_keys[:, :-1], held)
+        steady = stack_steady(seqs, 0)  # read from the shared buffer
+        for row, seq in enumerate(seqs):
+            keys, values = seq.layers[0].steady()
+            assert torch.equal(steady.keys[row], keys) and torch.equal(steady.values[row], values)
