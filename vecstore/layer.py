@@ -145,6 +145,7 @@ class LayerState:
         self.sink_keys, self.sink_values = self.sink_keys.to(device), self.sink_values.to(device)
         self.pending_keys = self.pending_keys.to(device)
         self.pending_values = self.pending_values.to(device)
+        self.tail_buffer = None  # the tail no longer lives in it
         self.device = device
         self._install(segments, image)
 

@@ -163,3 +163,6 @@ def test_a_decode_step_of_a_batch_shares_one_tail_buffer():
         for row, seq in enumerate(seqs):
             keys, values = seq.layers[0].steady()
             assert torch.equal(steady.keys[row], keys) and torch.equal(steady.values[row], values)
+        moved = seqs[3].layers[0]
+        moved.to(torch.device("meta"))  # its tail is a new tensor there: the link goes
+        assert moved.tail_buffer is None and seqs[0].layers[0].tail_buffer is first
