@@ -44,10 +44,12 @@ class BatchViews:
         if present:
             batch = IndexView.stack([v if v is not None else empty_view(present[0])
                                      for v in views])
-            # rows of one length are unpadded in the stack: each sequence reads its rows
-            # from there, and its own copy is freed (one copy of the batch's KV, not two)
-            for b, s in enumerate(seqs):
-                s.layers[layer].share_rows(batch.keys[b], batch.values[b])
+            # rows all of one length are unpadded in the stack: each sequence reads its
+            # rows from there and its own copy is freed (one copy of the batch's KV, not
+            # two). Only when all are: a row left on an older stack would keep all of it
+            if all(v is not None and v.keys.shape == present[0].keys.shape for v in views):
+                for b, s in enumerate(seqs):
+                    s.layers[layer].share_rows(batch.keys[b], batch.values[b])
         self._cache[layer] = (key, batch)
         return batch
 

@@ -89,9 +89,10 @@ def test_rows_of_other_lengths_and_pinned_rows_keep_their_own_copy():
     q = _q(3, 3)
     alone = _one_by_one(store, seqs, q)
     short = _storage(seqs[1])
+    own = [_storage(s) for s in seqs]
     torch.testing.assert_close(store.query(seqs, 0, q).out, alone, rtol=1e-5, atol=1e-6)
-    assert _storage(seqs[1]) == short  # padded in the stack: not shared
-    assert _storage(seqs[0]) == _storage(seqs[2])  # the longest rows are
+    # one row is padded in the stack: none is shared, so no row keeps an old stack alive
+    assert [_storage(s) for s in seqs] == own and _storage(seqs[1]) == short
     store.close()
     pinned = StoreConfig.from_dict({**CFG, "kvstore": {"kind": "pinned"}}).to_dict()
     store, seqs = _filled([200, 200], pinned)
@@ -101,3 +102,21 @@ def test_rows_of_other_lengths_and_pinned_rows_keep_their_own_copy():
     torch.testing.assert_close(store.query(seqs, 0, q).out, alone, rtol=1e-5, atol=1e-6)
     assert [_storage(s) for s in seqs] == own
     store.close()
+
+
+def test_rows_that_grow_apart_after_sharing_answer_as_a_store_never_batched():
+    store, seqs = _filled([150, 150, 150])
+    ref, ref_seqs = _filled([150, 150, 150])
+    q = _q(3, 5)
+    store.query(seqs, 0, q)  # all share one stack
+    for i, grow in enumerate([(0,), (1, 2), (0, 1, 2)]):
+        for b in grow:  # one or more rows index new segments: lengths part, then meet
+            k, v = _kv(1, 40, 20 + 3 * i + b)
+            seqs[b].append(0, k[0], v[0])
+            ref_seqs[b].append(0, k[0], v[0])
+        torch.testing.assert_close(store.query(seqs, 0, q).out,
+                                   _one_by_one(ref, ref_seqs, q), rtol=1e-5, atol=1e-6)
+    shared = {_storage(s) for s in seqs}
+    assert len(shared) == 1  # equal again: shared again, the older stacks let go
+    store.close()
+    ref.close()
