@@ -16,7 +16,6 @@ from vecstore.checks import check_all_finite, check_tensor, parse_dtype
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
-    CapacityError,
     InvalidValueError,
     NotFoundError,
     ReadOnlyError,
@@ -25,7 +24,6 @@ from vecstore.errors import (
 )
 from vecstore.executor.base import EXECUTORS, Executor
 from vecstore.index.base import INDEXES, Index
-from vecstore.kvstore.base import MemoryAccount
 from vecstore.kvstore.placement import Placement
 from vecstore.query_engine import QueryEngine
 from vecstore.sequence import Sequence
@@ -123,7 +121,7 @@ class Store:
         try:
             store = cls(cfg, persistence.layout.root, persistence=persistence)
             store._seqs.update(persistence.attach(store))
-            store._check_budgets()
+            store.placement.check_fits(list(store._seqs.values()))
         except BaseException:
             persistence.close()
             raise
@@ -430,25 +428,6 @@ class Store:
         unbounded)."""
         return {name: (a.used_bytes, a.peak_bytes, a.budget_bytes)
                 for name, a in self.placement.accounts().items()}
-
-    def _check_budgets(self) -> None:
-        """Refuse, at open, a store whose indexed rows cannot fit the KV tier's budget."""
-        need: dict[str, int] = {}
-        accounts: dict[str, MemoryAccount] = {}
-        for seq in self._seqs.values():
-            per_token = 2 * seq.num_kv_heads * seq.head_dim * seq.dtype.itemsize
-            for state in seq.layers:
-                acct = self.placement.tier(state.device).account
-                accounts[acct.name] = acct
-                need[acct.name] = need.get(acct.name, 0) + state.num_indexed * per_token
-        for name, num_bytes in need.items():
-            acct = accounts[name]
-            if acct.budget_bytes and num_bytes > acct.budget_bytes:
-                raise CapacityError(
-                    f"{name}: the indexed rows of this store's {len(self._seqs)} sequences "
-                    f"need {num_bytes} bytes ({num_bytes / 2**30:.3g} GiB), over the budget "
-                    f"of {acct.budget_bytes} ({acct.budget_bytes / 2**30:.3g} GiB); raise "
-                    "the budget")
 
 
 def _check_name(name: object) -> None:

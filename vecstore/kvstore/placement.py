@@ -11,14 +11,18 @@ execution buffer) built there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vecstore.config import KVStoreConfig
+from vecstore.errors import CapacityError
 from vecstore.kvstore.base import KVStore, MemoryAccount
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.pinned import PinnedKVStore
+
+if TYPE_CHECKING:
+    from vecstore.sequence import Sequence
 
 __all__ = ["Placement"]
 
@@ -82,6 +86,31 @@ class Placement:
         """Tell the executor ``view`` is gone (see ``retire_view`` above)."""
         if self._retire is not None:
             self._retire(view)
+
+    def check_fits(self, seqs: list[Sequence]) -> None:
+        """Refuse (at open) sequences whose indexed rows cannot fit their tier's budget.
+
+        Raises
+        ------
+        CapacityError
+            Naming the budget, the bytes needed and the budget's size.
+        """
+        need: dict[str, int] = {}
+        accounts: dict[str, MemoryAccount] = {}
+        for seq in seqs:
+            per_token = 2 * seq.num_kv_heads * seq.head_dim * seq.dtype.itemsize
+            for state in seq.layers:
+                acct = self.tier(state.device).account
+                accounts[acct.name] = acct
+                need[acct.name] = need.get(acct.name, 0) + state.num_indexed * per_token
+        for name, num_bytes in need.items():
+            acct = accounts[name]
+            if acct.budget_bytes and num_bytes > acct.budget_bytes:
+                raise CapacityError(
+                    f"{name}: the indexed rows of this store's {len(seqs)} sequences "
+                    f"need {num_bytes} bytes ({num_bytes / 2**30:.3g} GiB), over the budget "
+                    f"of {acct.budget_bytes} ({acct.budget_bytes / 2**30:.3g} GiB); raise "
+                    "the budget")
 
     def accounts(self) -> dict[str, MemoryAccount]:
         """Every account in use, by name."""
