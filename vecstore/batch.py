@@ -20,8 +20,9 @@ class BatchViews:
     """The stacked index view of the last batch queried per layer, reused while none of
     its sequences' segments change (decode steps query the same batch every layer).
 
-    Sequences whose rows sit in device memory then read them from the stack
-    (:meth:`vecstore.layer.LayerState.share_rows`), so the batch holds one copy of them.
+    When every row is equally long and sits in device memory, the sequences then read
+    their rows from the stack (:meth:`vecstore.layer.LayerState.share_rows`), so the batch
+    holds one copy of them.
     """
 
     def __init__(self) -> None:
