@@ -6,7 +6,7 @@ sequences or heads):
 1. centroid logits, the GQA-summed softmax score of every cluster, and the retrieval and
    estimation zones by radix select, without sorting
    (:func:`~vecstore.executor.wave_select.rank_and_select`);
-2. split-K attention over the retrieved rows, the steady zone (on a side stream) and the
+2. split-K attention over the retrieved rows, and on a side stream the steady zone and the
    estimated clusters, merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
 
 On CUDA, :meth:`WaveExecutor.run` replays the step as a CUDA graph captured per layer.
@@ -22,6 +22,7 @@ whose plan this executor reproduces: same zones (ties broken by cluster id), sam
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 
@@ -212,8 +213,10 @@ class WaveExecutor:
 
         Only device work of fixed shapes for fixed inputs (the steady capacity included),
         so the whole call can be captured in a CUDA graph; an offloaded view's
-        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it. On CUDA the steady zone
-        is attended on a side stream, next to the index probe.
+        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it. On CUDA a side stream
+        attends the steady zone next to the index probe, then the estimated zone next to the
+        retrieved one (each pair reads different bytes, so together they keep more of HBM
+        busy than one after the other).
         """
         # triton is imported here, not at module import: it is an optional dependency
         from vecstore.executor.wave_kernels import (
@@ -225,7 +228,7 @@ class WaveExecutor:
             retrieved_layout,
             steady_splits,
         )
-        from vecstore.executor.wave_select import rank_and_select
+        from vecstore.executor.wave_select import fill_rowmap, rank_and_select
 
         B, Hq, D = q.shape
         rows, C = prep.sizes.shape
@@ -237,32 +240,31 @@ class WaveExecutor:
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
         qf = q.reshape(B * Hq, D).contiguous()
-        side = None
+        side = main = None
         if dev.type == "cuda":
             main = torch.cuda.current_stream(dev)
             side = self._side_stream(dev)
             side.wait_stream(main)
-            with torch.cuda.stream(side):
-                attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
-        else:
+        with _on(side):
             attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
         logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
-        buf = prep.buffer
-        rowmap = None
-        if buf is None:
-            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
         rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
                         prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
-                        prep.radius_weight, logits, zones, rowmap)
-        if buf is not None:
+                        prep.radius_weight, logits, zones)
+        if side is not None:  # the estimated zone reads other bytes than the retrieved one
+            side.wait_stream(main)
+        with _on(side):
+            attend_estimated(logits, prep.sizes, prep.vmean, zones, parts, n_ret + n_std)
+        buf = prep.buffer
+        if buf is None:
+            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
+            fill_rowmap(zones, rowmap)
+            attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
+        else:
             buf.lookup(zones)
             buf.fill_misses()
             buf.fill_hits()
-        attend_estimated(logits, prep.sizes, prep.vmean, zones, parts, n_ret + n_std)
-        if buf is None:
-            attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
-        else:
             buf.plan_admission()  # device bookkeeping, while the misses still cross PCIe
             buf.wait_misses()
             attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
@@ -328,6 +330,11 @@ class WaveExecutor:
             res = self.decode(prep, static, qs, scale)
             stats = _stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
         return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
+
+
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
+    """Run the block on ``stream``, or on the current stream when it is ``None`` (CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H: int,

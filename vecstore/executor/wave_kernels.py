@@ -52,6 +52,8 @@ STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
 _BLOCK_E = 64
+_COPY_BLOCK = 32  # rows per load of the cluster copies
+_COPY_WARPS = 4
 
 
 @triton.jit
@@ -329,5 +331,5 @@ def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, src_k: torch.Tens
     _COPY[(rows, r_max)](
         zones.cum, zones.count, slot, zones.first_row, src_k, src_v, dst_k, dst_v,
         r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
-        MODE=mode, D=src_k.shape[2], BLOCK_N=32,
+        MODE=mode, D=src_k.shape[2], BLOCK_N=_COPY_BLOCK, num_warps=_COPY_WARPS,
     )

@@ -38,7 +38,7 @@ from vecstore.kernels._backend import LazyKernel, needs_f32_dot
 if TYPE_CHECKING:
     from vecstore.executor.wave_state import Zones
 
-__all__ = ["rank_and_select", "select_zones"]
+__all__ = ["rank_and_select", "select_zones", "fill_rowmap"]
 
 _SELECT_BLOCK = 1024
 # Rows of at most _ROW_RADIX_MAX clusters run the radix passes after the first in one
@@ -49,6 +49,10 @@ _ROW_RADIX_MAX = 32768
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 _BLOCK_LOGITS = 64  # centroids per tile of the logits kernel
+_LOGITS_PER_SM = 4  # logits programs per SM the splits aim at
+_LOGITS_WARPS = 4
+_LOGITS_STAGES = 3
+_ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 
 
 def _radix_pass_kernel(
@@ -249,18 +253,21 @@ def _zone_write_kernel(
 
 
 def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
-                   BLOCK_N: tl.constexpr):
-    # execution position -> KV row, for every retrieved cluster (one program each); fusing
-    # this into the zone write as a loop over cluster rows measured 150x slower on the H200
+                   BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr):
+    # execution position -> KV row for BLOCK_I retrieved clusters of a row at once, a
+    # [BLOCK_I, BLOCK_N] tile of their rows per step (a program per cluster left most of
+    # the grid idle: clusters hold ~16 rows); fusing this into the zone write as a loop over
+    # cluster rows measured 150x slower on the H200
     row = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1)
-    if i < tl.load(count_ptr + row):
-        p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i)
-        n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1) - p0
-        first = tl.load(rstart_ptr + row * R_MAX + i)
-        for j in range(0, n, BLOCK_N):
-            offs = j + tl.arange(0, BLOCK_N)
-            tl.store(rowmap_ptr + row * M + p0 + offs, first + offs, mask=offs < n)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    use = i < tl.load(count_ptr + row)
+    p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=use, other=0)
+    n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=use, other=0) - p0
+    first = tl.load(rstart_ptr + row * R_MAX + i, mask=use, other=0)
+    for j in range(0, tl.max(n, axis=0), BLOCK_N):
+        offs = j + tl.arange(0, BLOCK_N)
+        tl.store(rowmap_ptr + row * M + p0[:, None] + offs[None, :],
+                 first[:, None] + offs[None, :], mask=offs[None, :] < n[:, None])
 
 
 _RADIX_PASS = LazyKernel(_radix_pass_kernel)
@@ -272,16 +279,16 @@ _ROWMAP = LazyKernel(_rowmap_kernel)
 
 
 @functools.lru_cache(maxsize=8)
-def _target_programs(device: torch.device) -> int:
+def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
-        return 8  # the interpreter: a few splits, enough to exercise them
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+        return 2  # the interpreter: a few splits, enough to exercise them
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
                     k2: torch.Tensor, scale: float, radius_weight: float,
-                    logits: torch.Tensor, out: Zones, rowmap: torch.Tensor | None) -> None:
+                    logits: torch.Tensor, out: Zones) -> None:
     """Score every cluster and choose the zones (RetroInfer's index probe).
 
     Parameters
@@ -302,14 +309,12 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
     out : Zones
         Written, as by :func:`select_zones`.
-    rowmap : torch.Tensor | None
-        ``[rows, M]`` int32, written if given: the KV row behind each retrieved position.
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
     dev = q.device
     blocks = triton.cdiv(num_clusters, _BLOCK_LOGITS)
-    splits = max(1, min(blocks, 64, triton.cdiv(_target_programs(dev), rows)))
+    splits = max(1, min(blocks, 64, triton.cdiv(_LOGITS_PER_SM * _num_sms(dev), rows)))
     split_len = triton.cdiv(blocks, splits) * _BLOCK_LOGITS
     splits = triton.cdiv(num_clusters, split_len)
     pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)
@@ -321,7 +326,8 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     LOGITS[(rows, splits)](q, centroids, sizes, r, logits, rank, pmax, psum, num_clusters,
                             split_len, splits, scale, scale * radius_weight, G=group, D=dim,
                             BLOCK_G=block_g, BLOCK_C=_BLOCK_LOGITS,
-                            DOT_F32=needs_f32_dot(q.dtype), RADIUS=use_radius)
+                            DOT_F32=needs_f32_dot(q.dtype), RADIUS=use_radius,
+                            num_warps=_LOGITS_WARPS, num_stages=_LOGITS_STAGES)
     score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
     block, nchunk = _select_grid(num_clusters)
     counts = _radix_counts(rows, dev)
@@ -329,7 +335,7 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
                            BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
                            BITS=RADIX_BITS, BLOCK=block)
-    _finish_select(score, sizes, first_row, k1, k2, counts, 1, out, rowmap)
+    _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 
 def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
@@ -353,7 +359,7 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
         Written in place.
     """
     counts = _radix_counts(score.shape[0], score.device)
-    _finish_select(score, sizes, first_row, k1, k2, counts, 0, out, None)
+    _finish_select(score, sizes, first_row, k1, k2, counts, 0, out)
 
 
 def _radix_counts(rows: int, device: torch.device) -> torch.Tensor:
@@ -367,7 +373,7 @@ def _select_grid(num_clusters: int) -> tuple[int, int]:
 
 def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
                    k1: torch.Tensor, k2: torch.Tensor, counts: torch.Tensor, first_pass: int,
-                   out: Zones, rowmap: torch.Tensor | None) -> None:
+                   out: Zones) -> None:
     rows, num_clusters = score.shape
     block, nchunk = _select_grid(num_clusters)
     dev = score.device
@@ -389,6 +395,13 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     _WRITE[(rows, nchunk)](score, sizes, first_row, bases, out.zone, out.ids, out.first_row,
                            out.cum, out.est_ids, num_clusters, nchunk, r_max,
                            out.est_ids.shape[1], BLOCK=block)
-    if rowmap is not None:
-        _ROWMAP[(rows, r_max)](out.cum, out.count, out.first_row, rowmap, r_max,
-                               rowmap.shape[1], BLOCK_N=32)
+
+
+def fill_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
+    """Write the KV row behind each retrieved position: ``rowmap [rows, M]`` int32, position
+    ``cum[i] + j`` of a row holding ``first_row[i] + j`` (positions past ``cum[count]`` are
+    left as they were), so the retrieved rows are read in place."""
+    rows, r_max = zones.ids.shape
+    _ROWMAP[(rows, triton.cdiv(r_max, _ROWMAP_CLUSTERS))](
+        zones.cum, zones.count, zones.first_row, rowmap, r_max, rowmap.shape[1],
+        BLOCK_I=_ROWMAP_CLUSTERS, BLOCK_N=16)
