@@ -8,6 +8,7 @@ import torch
 from tests.interpreter import interpreted, request_interpreter
 from tests.reference import exact_attention, rel_err
 from vecstore.config import StoreConfig
+from vecstore.errors import InvalidValueError
 from vecstore.executor import EXECUTORS
 from vecstore.executor.base import Steady
 from vecstore.executor.torch_ref import TorchExecutor
@@ -105,6 +106,27 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
         assert (stats.tokens_total, stats.tokens_exact, stats.units_retrieved,
                 stats.units_estimated) == (ref[2].tokens_total, ref[2].tokens_exact,
                                            ref[2].units_retrieved, ref[2].units_estimated)
+
+
+@pytest.mark.parametrize("row_chunks", [1, 3, 8])
+@interpreted
+def test_row_chunks_match_reference_exactly(row_chunks):
+    # 4 rows: one chunk, chunks of unequal sizes, and more chunks asked for than rows
+    gen = torch.Generator().manual_seed(7)
+    index, view, steady, q = _batch(gen, torch.float32)
+    layer = CFG.for_layer(0)
+    ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
+    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, row_chunks=row_chunks)
+    out, lse, stats = ex.run(index, view, steady, q, D ** -0.5, layer)
+    assert rel_err(out, ref[0]) < 1e-5 and rel_err(lse, ref[1]) < 1e-5
+    assert stats.units_retrieved == ref[2].units_retrieved
+    assert stats.units_estimated == ref[2].units_estimated
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_row_chunks_must_be_a_positive_integer(bad):
+    with pytest.raises(InvalidValueError, match="row_chunks: expected an integer >= 1"):
+        WaveExecutor(row_chunks=bad)
 
 
 @interpreted

@@ -48,10 +48,14 @@ _SELECT_BLOCK = 1024
 _ROW_RADIX_MAX = 32768
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
-_BLOCK_LOGITS = 64  # centroids per tile of the logits kernel
-_LOGITS_PER_SM = 4  # logits programs per SM the splits aim at
+# the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
+# stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
+# against 465 at 8 x 512K, 465 against 479 at 4 x 1M (tiles of 32 or 128, 8 warps, 4 stages
+# all slower)
+_BLOCK_LOGITS = 64
+_LOGITS_PER_SM = 8
 _LOGITS_WARPS = 4
-_LOGITS_STAGES = 3
+_LOGITS_STAGES = 2
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 
 
@@ -288,7 +292,8 @@ def _num_sms(device: torch.device) -> int:
 def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
                     k2: torch.Tensor, scale: float, radius_weight: float,
-                    logits: torch.Tensor, out: Zones) -> None:
+                    logits: torch.Tensor, out: Zones,
+                    scored: torch.cuda.Event | None = None) -> None:
     """Score every cluster and choose the zones (RetroInfer's index probe).
 
     Parameters
@@ -309,6 +314,9 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
     out : Zones
         Written, as by :func:`select_zones`.
+    scored : torch.cuda.Event, optional
+        Recorded on the current stream once every cluster is scored, before the selection
+        (the executor starts the next chunk of rows' scoring there).
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
@@ -335,6 +343,8 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
                            BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
                            BITS=RADIX_BITS, BLOCK=block)
+    if scored is not None:
+        scored.record()
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 
