@@ -8,7 +8,6 @@ import torch
 from tests.interpreter import interpreted, request_interpreter
 from tests.reference import exact_attention, rel_err
 from vecstore.config import StoreConfig
-from vecstore.errors import InvalidValueError
 from vecstore.executor import EXECUTORS
 from vecstore.executor.base import Steady
 from vecstore.executor.torch_ref import TorchExecutor
@@ -44,13 +43,16 @@ def test_registered():
     assert EXECUTORS.get("wave") is WaveExecutor
 
 
-@pytest.mark.parametrize("row_radix_max", [1 << 20, 0], ids=["row-programs", "pass-launches"])
+@pytest.mark.parametrize(("row_radix_max", "resident"), [(1 << 20, 1 << 20), (1 << 20, 0), (0, 0)],
+                         ids=["row-in-registers", "row-walked", "pass-launches"])
 @interpreted
-def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
+def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, resident):
     from vecstore.executor import wave_select
     from vecstore.executor.wave_select import select_zones
 
     monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
+    monkeypatch.setattr(wave_select, "_RADIX_RESIDENT", resident)
+    monkeypatch.setattr(wave_select, "_RADIX_BLOCK", 1024)  # a walk of three steps
 
     gen = torch.Generator().manual_seed(0)
     rows, C = 6, 2500  # three chunks of 1024
@@ -106,27 +108,6 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
         assert (stats.tokens_total, stats.tokens_exact, stats.units_retrieved,
                 stats.units_estimated) == (ref[2].tokens_total, ref[2].tokens_exact,
                                            ref[2].units_retrieved, ref[2].units_estimated)
-
-
-@pytest.mark.parametrize("row_chunks", [1, 3, 8])
-@interpreted
-def test_row_chunks_match_reference_exactly(row_chunks):
-    # 4 rows: one chunk, chunks of unequal sizes, and more chunks asked for than rows
-    gen = torch.Generator().manual_seed(7)
-    index, view, steady, q = _batch(gen, torch.float32)
-    layer = CFG.for_layer(0)
-    ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
-    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, row_chunks=row_chunks)
-    out, lse, stats = ex.run(index, view, steady, q, D ** -0.5, layer)
-    assert rel_err(out, ref[0]) < 1e-5 and rel_err(lse, ref[1]) < 1e-5
-    assert stats.units_retrieved == ref[2].units_retrieved
-    assert stats.units_estimated == ref[2].units_estimated
-
-
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
-def test_row_chunks_must_be_a_positive_integer(bad):
-    with pytest.raises(InvalidValueError, match="row_chunks: expected an integer >= 1"):
-        WaveExecutor(row_chunks=bad)
 
 
 @interpreted

@@ -30,7 +30,6 @@ import torch
 
 from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.config import LayerConfig
-from vecstore.errors import InvalidValueError
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.plan import zone_sizes
 from vecstore.executor.torch_ref import TorchExecutor
@@ -70,11 +69,6 @@ class WaveExecutor:
     use_graphs : bool
         On CUDA, run each step as a CUDA graph captured per layer, query shape and steady
         capacity (the launches of a step cost more than its GPU time otherwise).
-    row_chunks : int
-        The (sequence, KV head) rows of a GPU-resident step run in this many chunks, each on
-        its own CUDA stream and one phase behind the one before, so that one chunk's zone
-        selection (compute-bound) overlaps another's scoring and attention (bound by HBM).
-        Offloaded views run as one chunk.
 
     Examples
     --------
@@ -92,8 +86,7 @@ class WaveExecutor:
     def __init__(self, device: str = "cpu", *, backend: str = "auto",
                  score_dtype: torch.dtype | None = None, cache_policy: str = "lru",
                  cache_capacity: float = 0.05, slot_tokens: int = 32,
-                 simulate_offload: bool = False, use_graphs: bool = True,
-                 row_chunks: int = 2) -> None:
+                 simulate_offload: bool = False, use_graphs: bool = True) -> None:
         self.device = device
         self.backend = backend
         self.score_dtype = score_dtype
@@ -102,11 +95,7 @@ class WaveExecutor:
         self.slot_tokens = slot_tokens
         self.simulate_offload = simulate_offload
         self.use_graphs = use_graphs
-        if isinstance(row_chunks, bool) or not isinstance(row_chunks, int) or row_chunks < 1:
-            raise InvalidValueError(f"row_chunks: expected an integer >= 1, got {row_chunks!r}")
-        self.row_chunks = row_chunks
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._pool: dict[torch.device, list[torch.cuda.Stream]] = {}
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
@@ -243,7 +232,6 @@ class WaveExecutor:
 
         B, Hq, D = q.shape
         rows, C = prep.sizes.shape
-        group = B * Hq // rows
         dev = q.device
         _, n_ret = retrieved_layout(prep.max_rows)
         n_std = steady_splits(steady.keys.shape[2])
@@ -252,72 +240,42 @@ class WaveExecutor:
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
         qf = q.reshape(B * Hq, D).contiguous()
-        qs = qf.to(prep.centroids.dtype)
-        logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
-        zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
-        buf = prep.buffer
-        bounds = _chunks(rows, 1 if buf is not None else self.row_chunks)
-        cuda = dev.type == "cuda"
-        main = torch.cuda.current_stream(dev) if cuda else None
-        side = self._side_stream(dev) if cuda else None
-        streams = [main, *self._chunk_streams(dev, len(bounds) - 1)] if cuda else [None]
-        if side is not None:
+        side = main = None
+        if dev.type == "cuda":
+            main = torch.cuda.current_stream(dev)
+            side = self._side_stream(dev)
             side.wait_stream(main)
         with _on(side):
             attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
-        cent = prep.centroids.view(rows, C, D)
-        scored = None
-        for i, (r0, r1) in enumerate(bounds):
-            stream = streams[i] if cuda else None
-            if i > 0 and stream is not None:
-                # chunk i scores its clusters once chunk i - 1 has: its selection (compute)
-                # then overlaps the other's scoring and attention (bandwidth)
-                stream.wait_stream(main)
-                stream.wait_event(scored)
-            g0, g1 = r0 * group, r1 * group
-            z = zones.rows(r0, r1)
-            part = (parts[0][g0:g1], parts[1][g0:g1])
-            with _on(stream):
-                scored = torch.cuda.Event() if cuda else None
-                rank_and_select(qs[g0:g1], cent[r0:r1],
-                                None if prep.radii is None else prep.radii[r0:r1],
-                                prep.sizes[r0:r1], prep.first_row[r0:r1], prep.k1[r0:r1],
-                                prep.k2[r0:r1], scale, prep.radius_weight, logits[g0:g1], z,
-                                scored)
-            if side is not None:  # the estimated zone reads other bytes than the retrieved
-                side.wait_stream(stream)
-            with _on(side):
-                attend_estimated(logits[g0:g1], prep.sizes[r0:r1], prep.vmean[r0:r1], z, part,
-                                 n_ret + n_std)
-            with _on(stream):
-                if buf is None:
-                    rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
-                    fill_rowmap(z, rowmap)
-                    attend_retrieved(qf[g0:g1], prep.keys[r0:r1], prep.values[r0:r1], z,
-                                     rowmap, scale, part, 0)
-                else:  # one chunk: the buffer serves every row at once
-                    buf.lookup(zones)
-                    buf.fill_misses()
-                    buf.fill_hits()
-                    buf.plan_admission()  # device bookkeeping, while the misses cross PCIe
-                    buf.wait_misses()
-                    attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
-                    buf.admit()
-        if main is not None and side is not None:
-            for stream in streams[1:]:
-                main.wait_stream(stream)
+        logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
+        zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
+        rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
+                        prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
+                        prep.radius_weight, logits, zones)
+        if side is not None:  # the estimated zone reads other bytes than the retrieved one
+            side.wait_stream(main)
+        with _on(side):
+            attend_estimated(logits, prep.sizes, prep.vmean, zones, parts, n_ret + n_std)
+        buf = prep.buffer
+        if buf is None:
+            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
+            fill_rowmap(zones, rowmap)
+            attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
+        else:
+            buf.lookup(zones)
+            buf.fill_misses()
+            buf.fill_hits()
+            buf.plan_admission()  # device bookkeeping, while the misses still cross PCIe
+            buf.wait_misses()
+            attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
+            buf.admit()
+        if side is not None:
             main.wait_stream(side)
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
         combine(parts, out, lse)
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
-
-    def _chunk_streams(self, dev: torch.device, n: int) -> list[torch.cuda.Stream]:
-        pool = self._pool.setdefault(dev, [])
-        while len(pool) < n:
-            pool.append(torch.cuda.Stream(dev))
-        return pool[:n]
 
     def _side_stream(self, dev: torch.device) -> torch.cuda.Stream:
         stream = self._streams.get(dev)
@@ -372,13 +330,6 @@ class WaveExecutor:
             res = self.decode(prep, static, qs, scale)
             stats = _stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
         return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
-
-
-def _chunks(rows: int, n: int) -> list[tuple[int, int]]:
-    """``n`` (at most ``rows``) contiguous, near-equal row ranges covering ``rows``."""
-    n = max(1, min(n, rows))
-    cuts = [rows * i // n for i in range(n + 1)]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
 def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:

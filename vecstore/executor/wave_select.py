@@ -26,6 +26,7 @@ import triton.language as tl
 from vecstore.executor.wave_radix import (
     RADIX_BITS,
     RADIX_PASSES,
+    radix_block_histogram,
     radix_count,
     radix_digit,
     radix_histogram,
@@ -47,6 +48,7 @@ _SELECT_BLOCK = 1024
 # at 8 x 8192 clusters, 63 against 77 at 8 x 32768, 127 against 77 at 4 x 65536)
 _ROW_RADIX_MAX = 32768
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
+_RADIX_RESIDENT = 8192  # rows up to this long are read once, held in registers over passes
 _RADIX_WARPS = 16
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
 # stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
@@ -81,22 +83,30 @@ def _radix_pass_kernel(
 def _radix_rows_kernel(
     score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+    RESIDENT: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
-    # whole row; counts[row, which, pass] of the passes before FIRST are given, the others
-    # written
+    # whole row (RESIDENT: the row fits one block, read once and kept in registers);
+    # counts[row, which, pass] of the passes before FIRST are given, the others written
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
     hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
     bins = tl.arange(0, 1 << BITS)
+    if RESIDENT:
+        idx = tl.arange(0, BLOCK)
+        valid = idx < C
+        keys = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
     t = tl.zeros([1], tl.uint32)
     above = tl.zeros([1], tl.int32)
     for p in tl.static_range(PASSES):
         if p < FIRST:
             h = tl.load(hist + p * (1 << BITS) + bins)
         else:
-            h = radix_histogram(score_ptr + row * C, C, tl.sum(t, axis=0), p, BITS, BLOCK)
+            if RESIDENT:
+                h = radix_block_histogram(keys, valid, tl.sum(t, axis=0), p, BITS)
+            else:
+                h = radix_histogram(score_ptr + row * C, C, tl.sum(t, axis=0), p, BITS, BLOCK)
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
         t = t | d
@@ -292,8 +302,7 @@ def _num_sms(device: torch.device) -> int:
 def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
                     k2: torch.Tensor, scale: float, radius_weight: float,
-                    logits: torch.Tensor, out: Zones,
-                    scored: torch.cuda.Event | None = None) -> None:
+                    logits: torch.Tensor, out: Zones) -> None:
     """Score every cluster and choose the zones (RetroInfer's index probe).
 
     Parameters
@@ -314,9 +323,6 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
     out : Zones
         Written, as by :func:`select_zones`.
-    scored : torch.cuda.Event, optional
-        Recorded on the current stream once every cluster is scored, before the selection
-        (the executor starts the next chunk of rows' scoring there).
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
@@ -343,8 +349,6 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
                            BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
                            BITS=RADIX_BITS, BLOCK=block)
-    if scored is not None:
-        scored.record()
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 
@@ -392,9 +396,11 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     r_max = out.ids.shape[1]
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
     if num_clusters <= _ROW_RADIX_MAX:
+        resident = num_clusters <= _RADIX_RESIDENT
+        walk = triton.next_power_of_2(num_clusters) if resident else _RADIX_BLOCK
         _RADIX_ROWS[(rows, 2)](score, k1, k2, counts, num_clusters, FIRST=first_pass,
-                               PASSES=RADIX_PASSES, BITS=RADIX_BITS, BLOCK=_RADIX_BLOCK,
-                               num_warps=_RADIX_WARPS)
+                               PASSES=RADIX_PASSES, BITS=RADIX_BITS, BLOCK=walk,
+                               RESIDENT=resident, num_warps=_RADIX_WARPS)
     else:
         for p in range(first_pass, RADIX_PASSES):
             _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)

@@ -61,10 +61,6 @@ class Zones:
             est_count=torch.empty(rows, dtype=i32, device=device),
         )
 
-    def rows(self, start: int, stop: int) -> Zones:
-        """The zones of rows ``start:stop`` (views, written through)."""
-        return Zones(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
-
 
 @dataclass
 class PreparedView:
