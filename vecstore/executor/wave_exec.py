@@ -41,6 +41,7 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
+_STEADY_AFTER_SCORING = True
 
 
 @EXECUTORS.register("wave")
@@ -240,18 +241,27 @@ class WaveExecutor:
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
         qf = q.reshape(B * Hq, D).contiguous()
-        side = main = None
+        side = main = scored = None
         if dev.type == "cuda":
             main = torch.cuda.current_stream(dev)
             side = self._side_stream(dev)
-            side.wait_stream(main)
-        with _on(side):
-            attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
+            scored = torch.cuda.Event()
+            if not _STEADY_AFTER_SCORING:
+                side.wait_stream(main)
+        if not _STEADY_AFTER_SCORING or side is None:
+            with _on(side):
+                attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts,
+                              n_ret)
         logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
         rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
                         prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
-                        prep.radius_weight, logits, zones)
+                        prep.radius_weight, logits, zones, scored)
+        if side is not None and _STEADY_AFTER_SCORING:
+            side.wait_event(scored)
+            with _on(side):
+                attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts,
+                              n_ret)
         if side is not None:  # the estimated zone reads other bytes than the retrieved one
             side.wait_stream(main)
         with _on(side):

@@ -8,8 +8,7 @@ comparing every key with every candidate digit. Pass 0 is counted by all chunks 
 once, with atomics (``radix_count``). The later passes run either the same way, a launch per
 pass, or, for rows short enough, in one launch of a program per row and threshold that sums
 each pass's histogram in registers (``radix_histogram``) and chooses its digit right away
-(``radix_digit``); a row that fits one block keeps its keys in registers across the passes
-(``radix_block_histogram``).
+(``radix_digit``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import triton.language as tl
 
 __all__ = [
     "RADIX_BITS", "RADIX_PASSES", "radix_keys", "radix_digit", "radix_threshold",
-    "radix_histogram", "radix_block_histogram", "radix_count",
+    "radix_histogram", "radix_count",
 ]
 
 RADIX_BITS = 5  # histogram bins 2**5: the warp-ballot histogram needs a multiple of 32
@@ -85,15 +84,9 @@ def radix_histogram(score_ptr, C, t, PASS: tl.constexpr, BITS: tl.constexpr,
         idx = c0 + tl.arange(0, BLOCK)
         valid = idx < C
         key = radix_keys(tl.load(score_ptr + idx, mask=valid, other=0.0))
-        h += radix_block_histogram(key, valid, t, PASS, BITS)
+        digit, match = _digit_of(key, valid, t, PASS, BITS)
+        h += tl.histogram(digit, 1 << BITS, mask=match)
     return h
-
-
-@triton.jit
-def radix_block_histogram(key, valid, t, PASS: tl.constexpr, BITS: tl.constexpr):
-    # the histogram [2**BITS] of pass PASS's digit over the given keys that match prefix t
-    digit, match = _digit_of(key, valid, t, PASS, BITS)
-    return tl.histogram(digit, 1 << BITS, mask=match)
 
 
 @triton.jit

@@ -26,7 +26,6 @@ import triton.language as tl
 from vecstore.executor.wave_radix import (
     RADIX_BITS,
     RADIX_PASSES,
-    radix_block_histogram,
     radix_count,
     radix_digit,
     radix_histogram,
@@ -48,8 +47,8 @@ _SELECT_BLOCK = 1024
 # at 8 x 8192 clusters, 63 against 77 at 8 x 32768, 127 against 77 at 4 x 65536)
 _ROW_RADIX_MAX = 32768
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
-_RADIX_RESIDENT = 8192  # rows up to this long are read once, held in registers over passes
 _RADIX_WARPS = 16
+_FUSED_STATS = True
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
 # stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
 # against 465 at 8 x 512K, 465 against 479 at 4 x 1M (tiles of 32 or 128, 8 warps, 4 stages
@@ -81,68 +80,77 @@ def _radix_pass_kernel(
 
 
 def _radix_rows_kernel(
-    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
+    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    RESIDENT: tl.constexpr,
+    SELECT_BLOCK: tl.constexpr, STATS: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
-    # whole row (RESIDENT: the row fits one block, read once and kept in registers);
-    # counts[row, which, pass] of the passes before FIRST are given, the others written
+    # whole row; counts[row, which, pass] of the passes before FIRST are given, the others
+    # written; with STATS then the threshold's counts of every chunk, as _zone_stats_kernel
+    # writes them
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
     hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
     bins = tl.arange(0, 1 << BITS)
-    if RESIDENT:
-        idx = tl.arange(0, BLOCK)
-        valid = idx < C
-        keys = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
     t = tl.zeros([1], tl.uint32)
     above = tl.zeros([1], tl.int32)
     for p in tl.static_range(PASSES):
         if p < FIRST:
             h = tl.load(hist + p * (1 << BITS) + bins)
         else:
-            if RESIDENT:
-                h = radix_block_histogram(keys, valid, tl.sum(t, axis=0), p, BITS)
-            else:
-                h = radix_histogram(score_ptr + row * C, C, tl.sum(t, axis=0), p, BITS, BLOCK)
+            h = radix_histogram(score_ptr + row * C, C, tl.sum(t, axis=0), p, BITS, BLOCK)
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
         t = t | d
+    if STATS:
+        th = tl.sum(t, axis=0)
+        for chunk in range(0, NCHUNK):
+            key, valid, real, size = _load_chunk(score_ptr, sizes_ptr, row, chunk, C,
+                                                 SELECT_BLOCK)
+            _chunk_counts(key, valid, real, size, th,
+                          stats_ptr + (row * NCHUNK + chunk) * 12 + 6 * which)
+
+
+@triton.jit
+def _chunk_counts(key, valid, real, size, th, out):
+    # one chunk against threshold th: [gt, gt real, eq, eq real, rows gt real, rows eq real]
+    # (real: not empty)
+    gt = (key > th) & valid
+    eq = (key == th) & valid
+    tl.store(out + 0, tl.sum(gt.to(tl.int32), axis=0))
+    tl.store(out + 1, tl.sum((gt & real).to(tl.int32), axis=0))
+    tl.store(out + 2, tl.sum(eq.to(tl.int32), axis=0))
+    tl.store(out + 3, tl.sum((eq & real).to(tl.int32), axis=0))
+    tl.store(out + 4, tl.sum(tl.where(gt & real, size, 0), axis=0))
+    tl.store(out + 5, tl.sum(tl.where(eq & real, size, 0), axis=0))
+
+
+@triton.jit
+def _load_chunk(score_ptr, sizes_ptr, row, chunk, C, BLOCK: tl.constexpr):
+    # keys (0 past the row), which are valid, which are real (not empty), and sizes
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan")))
+    key = tl.where(valid, key, 0)
+    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
+    return key, valid, valid & (size > 0), size
 
 
 def _zone_stats_kernel(
     score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
     PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    # per chunk, threshold w at [6w, 6w + 6): [gt, gt real, eq, eq real, rows gt real, rows eq
-    # real] (real: not empty)
+    # per chunk, the counts of threshold w at [6w, 6w + 6) (_chunk_counts)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    k1 = tl.load(k1_ptr + row)
-    k2 = tl.load(k2_ptr + row)
     hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
-    th1, _ = radix_threshold(hist, k1, PASSES, BITS)
-    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), k2, PASSES, BITS)
-    idx = chunk * BLOCK + tl.arange(0, BLOCK)
-    valid = idx < C
-    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
-    key = radix_keys(s)
-    key = tl.where(valid, key, 0)
-    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
-    real = valid & (size > 0)
+    th1, _ = radix_threshold(hist, tl.load(k1_ptr + row), PASSES, BITS)
+    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), tl.load(k2_ptr + row), PASSES, BITS)
+    key, valid, real, size = _load_chunk(score_ptr, sizes_ptr, row, chunk, C, BLOCK)
     out = stats_ptr + (row * NCHUNK + chunk) * 12
-    for w in tl.static_range(2):
-        th = th1 if w == 0 else th2
-        gt = (key > th) & valid
-        eq = (key == th) & valid
-        tl.store(out + 6 * w + 0, tl.sum(gt.to(tl.int32), axis=0))
-        tl.store(out + 6 * w + 1, tl.sum((gt & real).to(tl.int32), axis=0))
-        tl.store(out + 6 * w + 2, tl.sum(eq.to(tl.int32), axis=0))
-        tl.store(out + 6 * w + 3, tl.sum((eq & real).to(tl.int32), axis=0))
-        tl.store(out + 6 * w + 4, tl.sum(tl.where(gt & real, size, 0), axis=0))
-        tl.store(out + 6 * w + 5, tl.sum(tl.where(eq & real, size, 0), axis=0))
+    _chunk_counts(key, valid, real, size, th1, out)
+    _chunk_counts(key, valid, real, size, th2, out + 6)
 
 
 @triton.jit
@@ -302,7 +310,8 @@ def _num_sms(device: torch.device) -> int:
 def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
                     k2: torch.Tensor, scale: float, radius_weight: float,
-                    logits: torch.Tensor, out: Zones) -> None:
+                    logits: torch.Tensor, out: Zones,
+                    scored: torch.cuda.Event | None = None) -> None:
     """Score every cluster and choose the zones (RetroInfer's index probe).
 
     Parameters
@@ -323,6 +332,8 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
     out : Zones
         Written, as by :func:`select_zones`.
+    scored : torch.cuda.Event, optional
+        Recorded on the current stream once every cluster is scored, before the selection.
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
@@ -349,6 +360,8 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
                            BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
                            BITS=RADIX_BITS, BLOCK=block)
+    if scored is not None:
+        scored.record()
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 
@@ -396,15 +409,16 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     r_max = out.ids.shape[1]
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
     if num_clusters <= _ROW_RADIX_MAX:
-        resident = num_clusters <= _RADIX_RESIDENT
-        walk = triton.next_power_of_2(num_clusters) if resident else _RADIX_BLOCK
-        _RADIX_ROWS[(rows, 2)](score, k1, k2, counts, num_clusters, FIRST=first_pass,
-                               PASSES=RADIX_PASSES, BITS=RADIX_BITS, BLOCK=walk,
-                               RESIDENT=resident, num_warps=_RADIX_WARPS)
+        _RADIX_ROWS[(rows, 2)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
+                               FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
+                               BLOCK=_RADIX_BLOCK, SELECT_BLOCK=block, STATS=_FUSED_STATS,
+                               num_warps=_RADIX_WARPS)
     else:
         for p in range(first_pass, RADIX_PASSES):
             _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
-    _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
+    if num_clusters > _ROW_RADIX_MAX or not _FUSED_STATS:
+        _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
+                               **radix)
     _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
                    out.est_count, num_clusters, nchunk, r_max,
                    BLOCK_CH=max(16, triton.next_power_of_2(nchunk)), **radix)
