@@ -48,7 +48,6 @@ _SELECT_BLOCK = 1024
 _ROW_RADIX_MAX = 32768
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
-_FUSED_STATS = True
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
 # stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
 # against 465 at 8 x 512K, 465 against 479 at 4 x 1M (tiles of 32 or 128, 8 warps, 4 stages
@@ -80,14 +79,12 @@ def _radix_pass_kernel(
 
 
 def _radix_rows_kernel(
-    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
+    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    SELECT_BLOCK: tl.constexpr, STATS: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
     # whole row; counts[row, which, pass] of the passes before FIRST are given, the others
-    # written; with STATS then the threshold's counts of every chunk, as _zone_stats_kernel
-    # writes them
+    # written
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
@@ -103,54 +100,39 @@ def _radix_rows_kernel(
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
         t = t | d
-    if STATS:
-        th = tl.sum(t, axis=0)
-        for chunk in range(0, NCHUNK):
-            key, valid, real, size = _load_chunk(score_ptr, sizes_ptr, row, chunk, C,
-                                                 SELECT_BLOCK)
-            _chunk_counts(key, valid, real, size, th,
-                          stats_ptr + (row * NCHUNK + chunk) * 12 + 6 * which)
-
-
-@triton.jit
-def _chunk_counts(key, valid, real, size, th, out):
-    # one chunk against threshold th: [gt, gt real, eq, eq real, rows gt real, rows eq real]
-    # (real: not empty)
-    gt = (key > th) & valid
-    eq = (key == th) & valid
-    tl.store(out + 0, tl.sum(gt.to(tl.int32), axis=0))
-    tl.store(out + 1, tl.sum((gt & real).to(tl.int32), axis=0))
-    tl.store(out + 2, tl.sum(eq.to(tl.int32), axis=0))
-    tl.store(out + 3, tl.sum((eq & real).to(tl.int32), axis=0))
-    tl.store(out + 4, tl.sum(tl.where(gt & real, size, 0), axis=0))
-    tl.store(out + 5, tl.sum(tl.where(eq & real, size, 0), axis=0))
-
-
-@triton.jit
-def _load_chunk(score_ptr, sizes_ptr, row, chunk, C, BLOCK: tl.constexpr):
-    # keys (0 past the row), which are valid, which are real (not empty), and sizes
-    idx = chunk * BLOCK + tl.arange(0, BLOCK)
-    valid = idx < C
-    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan")))
-    key = tl.where(valid, key, 0)
-    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
-    return key, valid, valid & (size > 0), size
 
 
 def _zone_stats_kernel(
     score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
     PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    # per chunk, the counts of threshold w at [6w, 6w + 6) (_chunk_counts)
+    # per chunk, threshold w at [6w, 6w + 6): [gt, gt real, eq, eq real, rows gt real, rows eq
+    # real] (real: not empty)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    k1 = tl.load(k1_ptr + row)
+    k2 = tl.load(k2_ptr + row)
     hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
-    th1, _ = radix_threshold(hist, tl.load(k1_ptr + row), PASSES, BITS)
-    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), tl.load(k2_ptr + row), PASSES, BITS)
-    key, valid, real, size = _load_chunk(score_ptr, sizes_ptr, row, chunk, C, BLOCK)
+    th1, _ = radix_threshold(hist, k1, PASSES, BITS)
+    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), k2, PASSES, BITS)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
+    key = radix_keys(s)
+    key = tl.where(valid, key, 0)
+    size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
+    real = valid & (size > 0)
     out = stats_ptr + (row * NCHUNK + chunk) * 12
-    _chunk_counts(key, valid, real, size, th1, out)
-    _chunk_counts(key, valid, real, size, th2, out + 6)
+    for w in tl.static_range(2):
+        th = th1 if w == 0 else th2
+        gt = (key > th) & valid
+        eq = (key == th) & valid
+        tl.store(out + 6 * w + 0, tl.sum(gt.to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 1, tl.sum((gt & real).to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 2, tl.sum(eq.to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 3, tl.sum((eq & real).to(tl.int32), axis=0))
+        tl.store(out + 6 * w + 4, tl.sum(tl.where(gt & real, size, 0), axis=0))
+        tl.store(out + 6 * w + 5, tl.sum(tl.where(eq & real, size, 0), axis=0))
 
 
 @triton.jit
@@ -409,16 +391,13 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     r_max = out.ids.shape[1]
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
     if num_clusters <= _ROW_RADIX_MAX:
-        _RADIX_ROWS[(rows, 2)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
-                               FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                               BLOCK=_RADIX_BLOCK, SELECT_BLOCK=block, STATS=_FUSED_STATS,
+        _RADIX_ROWS[(rows, 2)](score, k1, k2, counts, num_clusters, FIRST=first_pass,
+                               PASSES=RADIX_PASSES, BITS=RADIX_BITS, BLOCK=_RADIX_BLOCK,
                                num_warps=_RADIX_WARPS)
     else:
         for p in range(first_pass, RADIX_PASSES):
             _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
-    if num_clusters > _ROW_RADIX_MAX or not _FUSED_STATS:
-        _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk,
-                               **radix)
+    _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
     _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
                    out.est_count, num_clusters, nchunk, r_max,
                    BLOCK_CH=max(16, triton.next_power_of_2(nchunk)), **radix)
