@@ -227,10 +227,11 @@ class WaveExecutor:
             attend_steady,
             combine,
             estimate_layout,
+            fill_rowmap,
             retrieved_layout,
             steady_splits,
         )
-        from vecstore.executor.wave_select import fill_rowmap, rank_and_select
+        from vecstore.executor.wave_select import rank_and_select
 
         B, Hq, D = q.shape
         rows, C = prep.sizes.shape

@@ -1,7 +1,7 @@
 """Triton kernels of the wave executor's attention: the three zones, merged, and block copies.
 
 ``attend_retrieved`` / ``attend_steady`` / ``attend_estimated`` — split-K flash decoding over
-the retrieved rows (in place through the row map of
+the retrieved rows (in place through the row map ``fill_rowmap`` writes from the zones of
 :func:`vecstore.executor.wave_select.rank_and_select`, or from a contiguous execution
 buffer), over the steady zone, and over the compacted estimated clusters (centroid logits
 plus log size, value means). Each split writes a partial ``(out, lse)``; ``combine`` merges every
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "retrieved_layout",
+    "fill_rowmap",
     "steady_splits",
     "estimate_layout",
     "attend_retrieved",
@@ -53,6 +54,7 @@ ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
 _BLOCK_E = 64
 _COPY_BLOCK = 32  # rows per load of the cluster copies
+_ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 _COPY_WARPS = 4
 
 
@@ -200,6 +202,24 @@ def _copy_kernel(
                 tl.store(dst_v_ptr + do, v, mask=m[:, None])
 
 
+def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
+                   BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr):
+    # execution position -> KV row for BLOCK_I retrieved clusters of a row at once, a
+    # [BLOCK_I, BLOCK_N] tile of their rows per step (a program per cluster left most of
+    # the grid idle: clusters hold ~16 rows); fusing this into the zone write as a loop over
+    # cluster rows measured 150x slower on the H200
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    use = i < tl.load(count_ptr + row)
+    p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=use, other=0)
+    n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=use, other=0) - p0
+    first = tl.load(rstart_ptr + row * R_MAX + i, mask=use, other=0)
+    for j in range(0, tl.max(n, axis=0), BLOCK_N):
+        offs = j + tl.arange(0, BLOCK_N)
+        tl.store(rowmap_ptr + row * M + p0[:, None] + offs[None, :],
+                 first[:, None] + offs[None, :], mask=offs[None, :] < n[:, None])
+
+
 def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
                     D: tl.constexpr, BLOCK_P: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -230,6 +250,7 @@ _STEADY = LazyKernel(_steady_kernel)
 _ESTIMATED = LazyKernel(_estimated_kernel)
 _COPY = LazyKernel(_copy_kernel)
 _COMBINE = LazyKernel(_combine_kernel)
+_ROWMAP = LazyKernel(_rowmap_kernel)
 
 
 def retrieved_layout(max_rows: int) -> tuple[int, int]:
@@ -240,13 +261,23 @@ def retrieved_layout(max_rows: int) -> tuple[int, int]:
     return per, max(1, triton.cdiv(max_rows, per))
 
 
+def fill_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
+    """Write the KV row behind each retrieved position: ``rowmap [rows, M]`` int32, position
+    ``cum[i] + j`` of a row holding ``first_row[i] + j`` (positions past ``cum[count]`` are
+    left as they were), so the retrieved rows are read in place."""
+    rows, r_max = zones.ids.shape
+    _ROWMAP[(rows, triton.cdiv(r_max, _ROWMAP_CLUSTERS))](
+        zones.cum, zones.count, zones.first_row, rowmap, r_max, rowmap.shape[1],
+        BLOCK_I=_ROWMAP_CLUSTERS, BLOCK_N=16)
+
+
 def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, zones: Zones,
                      rowmap: torch.Tensor | None, scale: float,
                      parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
     """Partial states of the retrieved rows.
 
     ``keys``/``values`` are ``[rows, N, D]``: with ``rowmap [rows, M]`` (from
-    :func:`rank_and_select`) the KV rows themselves, read in place; without it an execution
+    :func:`fill_rowmap`) the KV rows themselves, read in place; without it an execution
     buffer holding cluster ``i`` of a row at ``cum[i]:cum[i + 1]``. ``q`` is
     ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and ``[rows * G, P]`` float32
     partial outputs and log-sum-exps.

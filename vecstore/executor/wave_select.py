@@ -8,8 +8,7 @@ per-chunk counts, one scan per row, and a parallel write that marks each cluster
 (rank < k1), estimated (k1 <= rank < k2) or dropped, compacts the retrieved ids with their
 first row and the running sum of their sizes, and the estimated ids. Ties rank by cluster
 id, so the zones are those of a stable top-k (RetroInfer's plan,
-:func:`vecstore.executor.plan.make_plan`). A row map (execution
-position -> KV row) lets the retrieved rows be read in place.
+:func:`vecstore.executor.plan.make_plan`).
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
@@ -38,7 +37,7 @@ from vecstore.kernels._backend import LazyKernel, needs_f32_dot
 if TYPE_CHECKING:
     from vecstore.executor.wave_state import Zones
 
-__all__ = ["rank_and_select", "select_zones", "fill_rowmap"]
+__all__ = ["rank_and_select", "select_zones"]
 
 _SELECT_BLOCK = 1024
 # Rows of at most _ROW_RADIX_MAX clusters run the radix passes after the first in one
@@ -56,7 +55,6 @@ _BLOCK_LOGITS = 64
 _LOGITS_PER_SM = 8
 _LOGITS_WARPS = 4
 _LOGITS_STAGES = 2
-_ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 
 
 def _radix_pass_kernel(
@@ -256,30 +254,11 @@ def _zone_write_kernel(
     tl.store(est_ptr + row * E_MAX + epos, idx, mask=est & (epos < E_MAX))
 
 
-def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
-                   BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr):
-    # execution position -> KV row for BLOCK_I retrieved clusters of a row at once, a
-    # [BLOCK_I, BLOCK_N] tile of their rows per step (a program per cluster left most of
-    # the grid idle: clusters hold ~16 rows); fusing this into the zone write as a loop over
-    # cluster rows measured 150x slower on the H200
-    row = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    use = i < tl.load(count_ptr + row)
-    p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=use, other=0)
-    n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=use, other=0) - p0
-    first = tl.load(rstart_ptr + row * R_MAX + i, mask=use, other=0)
-    for j in range(0, tl.max(n, axis=0), BLOCK_N):
-        offs = j + tl.arange(0, BLOCK_N)
-        tl.store(rowmap_ptr + row * M + p0[:, None] + offs[None, :],
-                 first[:, None] + offs[None, :], mask=offs[None, :] < n[:, None])
-
-
 _RADIX_PASS = LazyKernel(_radix_pass_kernel)
 _RADIX_ROWS = LazyKernel(_radix_rows_kernel)
 _STATS = LazyKernel(_zone_stats_kernel)
 _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
-_ROWMAP = LazyKernel(_rowmap_kernel)
 
 
 @functools.lru_cache(maxsize=8)
@@ -405,12 +384,3 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
                            out.cum, out.est_ids, num_clusters, nchunk, r_max,
                            out.est_ids.shape[1], BLOCK=block)
 
-
-def fill_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
-    """Write the KV row behind each retrieved position: ``rowmap [rows, M]`` int32, position
-    ``cum[i] + j`` of a row holding ``first_row[i] + j`` (positions past ``cum[count]`` are
-    left as they were), so the retrieved rows are read in place."""
-    rows, r_max = zones.ids.shape
-    _ROWMAP[(rows, triton.cdiv(r_max, _ROWMAP_CLUSTERS))](
-        zones.cum, zones.count, zones.first_row, rowmap, r_max, rowmap.shape[1],
-        BLOCK_I=_ROWMAP_CLUSTERS, BLOCK_N=16)
