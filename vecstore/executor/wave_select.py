@@ -44,7 +44,14 @@ _SELECT_BLOCK = 1024
 # launch, a program per row and threshold; longer rows one launch per pass over all (row,
 # chunk) programs, since one program's walk grows with the row (H200: 18 us against 25 us
 # at 8 x 8192 clusters, 63 against 77 at 8 x 32768, 127 against 77 at 4 x 65536)
-_ROW_RADIX_MAX = 32768
+_ROW_RADIX_MAX = 8192
+# With _COMPACT, rows longer than _ROW_RADIX_MAX run passes 1.._KEPT - 1 as launches over
+# all (row, chunk) programs, then copy each threshold's candidates (the scores still matching
+# its prefix, ~1-2 % of a row) into a list of at most _CAND_FRACTION of the row, and a
+# program per row and threshold runs the remaining passes over that list
+_COMPACT = True
+_KEPT = 3
+_CAND_FRACTION = 8
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
@@ -77,27 +84,59 @@ def _radix_pass_kernel(
 
 
 def _radix_rows_kernel(
-    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
+    score_ptr, cand_ptr, ncand_ptr, k1_ptr, k2_ptr, counts_ptr, C, CAP,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
-    # whole row; counts[row, which, pass] of the passes before FIRST are given, the others
-    # written
+    # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
+    # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
+    # overflowed their list; counts[row, which, pass] of the passes before FIRST are given,
+    # the others written
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
     hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
     bins = tl.arange(0, 1 << BITS)
+    src, n = score_ptr + row * C, C
+    if CANDIDATES:
+        found = tl.load(ncand_ptr + row * 2 + which)
+        if found <= CAP:
+            src, n = cand_ptr + (row * 2 + which) * CAP, found
     t = tl.zeros([1], tl.uint32)
     above = tl.zeros([1], tl.int32)
     for p in tl.static_range(PASSES):
         if p < FIRST:
             h = tl.load(hist + p * (1 << BITS) + bins)
         else:
-            h = radix_histogram(score_ptr + row * C, C, tl.sum(t, axis=0), p, BITS, BLOCK)
+            h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
         t = t | d
+
+
+def _radix_compact_kernel(
+    score_ptr, k1_ptr, k2_ptr, counts_ptr, cand_ptr, ncand_ptr, C, CAP,
+    KEPT: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # append the scores of a chunk whose keys match threshold w's prefix after KEPT passes
+    # to the row's candidate list of w (at most CAP kept; the count goes on past CAP)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    s = tl.load(score_ptr + row * C + idx, mask=valid, other=0.0)
+    key = radix_keys(s)
+    hi = 32 - BITS * KEPT
+    for w in tl.static_range(2):
+        k = tl.load(k1_ptr + row) if w == 0 else tl.load(k2_ptr + row)
+        hist = counts_ptr + (row * 2 + w) * PASSES * (1 << BITS)
+        t, _ = radix_threshold(hist, k, KEPT, BITS)
+        match = valid & ((key >> hi) == (t >> hi))
+        m = match.to(tl.int32)
+        base = tl.atomic_add(ncand_ptr + row * 2 + w, tl.sum(m, axis=0))
+        pos = base + tl.cumsum(m, axis=0) - m
+        tl.store(cand_ptr + (row * 2 + w) * CAP + pos, s, mask=match & (pos < CAP))
 
 
 def _zone_stats_kernel(
@@ -256,6 +295,7 @@ def _zone_write_kernel(
 
 _RADIX_PASS = LazyKernel(_radix_pass_kernel)
 _RADIX_ROWS = LazyKernel(_radix_rows_kernel)
+_COMPACT_K = LazyKernel(_radix_compact_kernel)
 _STATS = LazyKernel(_zone_stats_kernel)
 _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
@@ -370,9 +410,20 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     r_max = out.ids.shape[1]
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
     if num_clusters <= _ROW_RADIX_MAX:
-        _RADIX_ROWS[(rows, 2)](score, k1, k2, counts, num_clusters, FIRST=first_pass,
-                               PASSES=RADIX_PASSES, BITS=RADIX_BITS, BLOCK=_RADIX_BLOCK,
-                               num_warps=_RADIX_WARPS)
+        _RADIX_ROWS[(rows, 2)](score, score, counts, k1, k2, counts, num_clusters, 0,
+                               FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
+                               BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS)
+    elif _COMPACT:
+        for p in range(first_pass, _KEPT):
+            _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
+        cap = max(1, num_clusters // _CAND_FRACTION)
+        cand = torch.empty(rows, 2, cap, dtype=torch.float32, device=dev)
+        ncand = torch.zeros(rows, 2, dtype=torch.int32, device=dev)
+        _COMPACT_K[(rows, nchunk)](score, k1, k2, counts, cand, ncand, num_clusters, cap,
+                                   KEPT=_KEPT, **radix)
+        _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, num_clusters, cap,
+                               FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
+                               BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS)
     else:
         for p in range(first_pass, RADIX_PASSES):
             _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
