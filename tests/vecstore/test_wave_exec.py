@@ -43,16 +43,14 @@ def test_registered():
     assert EXECUTORS.get("wave") is WaveExecutor
 
 
-@pytest.mark.parametrize(("row_radix_max", "compact", "cand_fraction"),
-                         [(1 << 20, True, 8), (0, False, 8), (0, True, 8), (0, True, 1000)],
-                         ids=["row-programs", "pass-launches", "candidates", "candidates-overflow"])
+@pytest.mark.parametrize(("row_radix_max", "cand_fraction"), [(1 << 20, 8), (0, 8), (0, 1000)],
+                         ids=["row-programs", "candidates", "candidates-overflow"])
 @interpreted
-def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, compact, cand_fraction):
+def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, cand_fraction):
     from vecstore.executor import wave_select
     from vecstore.executor.wave_select import select_zones
 
     monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
-    monkeypatch.setattr(wave_select, "_COMPACT", compact)
     # lists of 312 candidates overflow only where many scores tie (row 3, row 4 at k2);
     # lists of 2 overflow nearly everywhere
     monkeypatch.setattr(wave_select, "_CAND_FRACTION", cand_fraction)

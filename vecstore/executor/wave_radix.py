@@ -5,10 +5,11 @@ first, ``RADIX_BITS`` bits a pass, from per-pass histograms of the keys that mat
 prefix chosen by the passes before (``counts[row, which, pass, digit]``, which 0 for ``k1``
 and 1 for ``k2``). A histogram is a warp-ballot count, far lighter in registers than
 comparing every key with every candidate digit. Pass 0 is counted by all chunks of a row at
-once, with atomics (``radix_count``). The later passes run either the same way, a launch per
-pass, or, for rows short enough, in one launch of a program per row and threshold that sums
-each pass's histogram in registers (``radix_histogram``) and chooses its digit right away
-(``radix_digit``).
+once, with atomics (``radix_count``). For rows short enough the later passes run in one
+launch of a program per row and threshold that sums each pass's histogram in registers
+(``radix_histogram``) and chooses its digit right away (``radix_digit``); longer rows count a
+few more passes the first way, then run the rest the second way over the scores that still
+match each threshold's prefix (:mod:`vecstore.executor.wave_select`).
 """
 
 from __future__ import annotations

@@ -41,15 +41,14 @@ __all__ = ["rank_and_select", "select_zones"]
 
 _SELECT_BLOCK = 1024
 # Rows of at most _ROW_RADIX_MAX clusters run the radix passes after the first in one
-# launch, a program per row and threshold; longer rows one launch per pass over all (row,
-# chunk) programs, since one program's walk grows with the row (H200: 18 us against 25 us
-# at 8 x 8192 clusters, 63 against 77 at 8 x 32768, 127 against 77 at 4 x 65536)
+# launch, a program per row and threshold (H200: 18 us against 25 us for a launch per pass
+# at 8 x 8192 clusters). Longer rows run passes 1.._KEPT - 1 as launches over all (row,
+# chunk) programs, then copy each threshold's candidates (the scores still matching its
+# 15-bit prefix) into a list of at most 1/_CAND_FRACTION of the row, and a program
+# per row and threshold runs the remaining passes over that list. H200 whole steps against
+# a launch per pass (rows of one program up to 32768): 0.448 against 0.460 ms at 8 x 512K,
+# 0.441 against 0.465 at 4 x 1M, 0.873 against 0.921 at 8 x 1M (_KEPT 2 or 4 slower)
 _ROW_RADIX_MAX = 8192
-# With _COMPACT, rows longer than _ROW_RADIX_MAX run passes 1.._KEPT - 1 as launches over
-# all (row, chunk) programs, then copy each threshold's candidates (the scores still matching
-# its prefix, ~1-2 % of a row) into a list of at most _CAND_FRACTION of the row, and a
-# program per row and threshold runs the remaining passes over that list
-_COMPACT = True
 _KEPT = 3
 _CAND_FRACTION = 8
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
@@ -413,7 +412,7 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
         _RADIX_ROWS[(rows, 2)](score, score, counts, k1, k2, counts, num_clusters, 0,
                                FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
                                BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS)
-    elif _COMPACT:
+    else:
         for p in range(first_pass, _KEPT):
             _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
         cap = max(1, num_clusters // _CAND_FRACTION)
@@ -424,9 +423,6 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
         _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, num_clusters, cap,
                                FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
                                BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS)
-    else:
-        for p in range(first_pass, RADIX_PASSES):
-            _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
     _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
     _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
                    out.est_count, num_clusters, nchunk, r_max,
