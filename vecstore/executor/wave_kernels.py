@@ -53,6 +53,8 @@ STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
 _BLOCK_E = 64
+_ESTIMATE_SPLITS = 32  # splits per row the estimation zone aims at (each >= ESTIMATE_SPLIT)
+_ESTIMATE_WARPS = 4
 _COPY_BLOCK = 32  # rows per load of the cluster copies
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 _COPY_WARPS = 4
@@ -318,7 +320,8 @@ def attend_steady(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 def estimate_layout(e_max: int) -> tuple[int, int]:
     """``(positions per split, splits)`` of an estimation zone of at most ``e_max`` clusters."""
-    per = max(ESTIMATE_SPLIT, triton.cdiv(triton.cdiv(e_max, 32), _BLOCK_E) * _BLOCK_E)
+    per = max(ESTIMATE_SPLIT,
+              triton.cdiv(triton.cdiv(e_max, _ESTIMATE_SPLITS), _BLOCK_E) * _BLOCK_E)
     return per, max(1, triton.cdiv(e_max, per))
 
 
@@ -335,7 +338,7 @@ def attend_estimated(logits: torch.Tensor, sizes: torch.Tensor, vmean: torch.Ten
         logits, sizes, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
         num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(vmean.dtype),
+        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
     )
 
 
