@@ -71,17 +71,47 @@ def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, cand_fractio
     k2 = torch.tensor([600, 500, 7, 2000, 1300, 1500], dtype=torch.int32)
     z = Zones.empty(rows, C, 1100, torch.device("cpu"), e_max=1200)
     select_zones(score, sizes, first, k1, k2, z)
-    for r in range(rows):
-        order = sorted(range(C), key=lambda i: (-score[r, i].item(), i))
-        real = set((sizes[r] > 0).nonzero().flatten().tolist())
-        ret = sorted(i for i in order[:k1[r]] if i in real)
-        est = sorted(i for i in order[k1[r]:k2[r]] if i in real)
+    _check_stable_top_k(score, sizes, first, k1, k2, z)
+
+
+def _check_stable_top_k(score, sizes, first, k1, k2, z):
+    # the zones of a stable top-k: ranks by score, ties by cluster id, empty clusters skipped
+    score, sizes, first = score.cpu(), sizes.cpu(), first.cpu()
+    for r in range(score.shape[0]):
+        order = torch.sort(-score[r], stable=True).indices
+        real = sizes[r] > 0
+        ret = sorted(i for i in order[:k1[r]].tolist() if real[i])
+        est = sorted(i for i in order[k1[r]:k2[r]].tolist() if real[i])
         n = int(z.count[r])
         assert sorted(z.ids[r, :n].tolist()) == ret
         assert (z.zone[r] == 2).nonzero().flatten().tolist() == est
         assert z.est_ids[r, :int(z.est_count[r])].tolist() == est
         assert z.cum[r, :n + 1].tolist() == [0, *torch.cumsum(sizes[r, ret], 0).tolist()]
         assert z.first_row[r, :n].tolist() == first[r, ret].tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_radix_max", [1 << 20, 0], ids=["row-programs", "candidates"])
+def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
+    # compiled kernels: rows long enough for the candidate lists, ties at both thresholds
+    from vecstore.executor import wave_select
+    from vecstore.executor.wave_select import select_zones
+
+    monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
+    gen = torch.Generator().manual_seed(8)
+    rows, C = 4, 40000
+    score = torch.rand(rows, C, generator=gen) ** 4
+    score[1, ::3] = score[1, 7]  # a third of the row tied
+    score[2, :20000] = float("-inf")
+    sizes = torch.randint(0, 30, (rows, C), generator=gen, dtype=torch.int32)
+    first = (torch.cumsum(sizes, 1) - sizes).int()
+    k1 = torch.tensor([700, 5000, 300, 1], dtype=torch.int32)
+    k2 = torch.tensor([9000, 14000, 19000, 40000], dtype=torch.int32)
+    dev = torch.device("cuda")
+    z = Zones.empty(rows, C, 5000, dev, e_max=40000)
+    select_zones(score.to(dev), sizes.to(dev), first.to(dev), k1.to(dev), k2.to(dev), z)
+    _check_stable_top_k(score, sizes, first, k1, k2, Zones(*(t.cpu() for t in (
+        z.zone, z.ids, z.first_row, z.cum, z.count, z.est_ids, z.est_count))))
 
 
 @pytest.mark.parametrize(("offload", "radius_weight", "row_radix_max"),
