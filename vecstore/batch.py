@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
+from vecstore.kvstore.base import MemoryAccount
 
 if TYPE_CHECKING:
     from vecstore.layer import LayerState
@@ -20,39 +24,120 @@ class BatchViews:
     """The stacked index view of the last batch queried per layer, reused while none of
     its sequences' segments change (decode steps query the same batch every layer).
 
-    When every row is equally long and sits in device memory, the sequences then read
-    their rows from the stack (:meth:`vecstore.layer.LayerState.share_rows`), so the batch
-    holds one copy of them.
+    A stack is a second copy of the batch's rows and index metadata. Its bytes are charged
+    to the store's budgets before it is built (rows to their tier's account, metadata to
+    the device's ``kvstore.gpu_budget_gb``) and returned when it is replaced or cleared;
+    when they do not fit, :meth:`view` raises :class:`~vecstore.errors.CapacityError` and
+    builds nothing. When every row is equally long and sits in device memory, the sequences
+    then read their rows from the stack (:meth:`vecstore.layer.LayerState.share_rows`,
+    which keeps their own charge), so the batch holds one copy of its rows and the stack's
+    charge for them is returned at once.
+
+    Parameters
+    ----------
+    accounts : callable, optional
+        ``device -> (rows account, metadata account)`` for a layer on ``device``; without
+        it nothing is charged.
+    retire : callable, optional
+        Called with a stacked view that is replaced or cleared (so an executor can free
+        what it prepared for it).
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[tuple[tuple[int, int], ...], IndexView | None]] = {}
+    def __init__(self, accounts: Callable[[torch.device], tuple[MemoryAccount, MemoryAccount]]
+                 | None = None, retire: Callable[[IndexView], None] | None = None) -> None:
+        self._accounts = accounts
+        self._retire = retire
+        self._cache: dict[int, _Stacked] = {}
 
     def clear(self) -> None:
-        self._cache.clear()
+        """Retire every stacked view and return its charges."""
+        for layer in list(self._cache):
+            self._drop(layer)
 
     def view(self, seqs: list[Sequence], layer: int) -> IndexView | None:
-        """The ``B = len(seqs)`` view of ``layer`` (``None`` if no sequence has segments)."""
+        """The ``B = len(seqs)`` view of ``layer`` (``None`` if no sequence has segments).
+
+        Raises
+        ------
+        CapacityError
+            A new stack does not fit the budgets (nothing is built or charged).
+        """
         if len(seqs) == 1:
             return seqs[0].layers[layer].view()
         key = tuple((id(s), s.layers[layer].version) for s in seqs)
         cached = self._cache.get(layer)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        if cached is not None and cached.key == key:
+            return cached.view
+        self._drop(layer)  # the old stack goes before the new one is charged and built
         views = [s.layers[layer].view() for s in seqs]
         present = [v for v in views if v is not None]
-        batch = None
-        if present:
-            batch = IndexView.stack([v if v is not None else empty_view(present[0])
-                                     for v in views])
-            # rows all of one length are unpadded in the stack: each sequence reads its
-            # rows from there and its own copy is freed (one copy of the batch's KV, not
-            # two). Only when all are: a row left on an older stack would keep all of it
-            if all(v is not None and v.keys.shape == present[0].keys.shape for v in views):
-                for b, s in enumerate(seqs):
-                    s.layers[layer].share_rows(batch.keys[b], batch.values[b])
-        self._cache[layer] = (key, batch)
+        if not present:
+            self._cache[layer] = _Stacked(key, None, [])
+            return None
+        rows = [v if v is not None else empty_view(present[0]) for v in views]
+        charges = self._charge(seqs[0].layers[layer].device, rows)
+        try:
+            batch = IndexView.stack(rows)
+        except BaseException:
+            _release(charges)
+            raise
+        # rows all of one length are unpadded in the stack: each sequence reads its rows
+        # from there and its own copy is freed (one copy of the batch's KV, not two). Only
+        # when all are: a row left on an older stack would keep all of it alive
+        if all(v is not None and v.keys.shape == present[0].keys.shape for v in views):
+            shared = [s.layers[layer].share_rows(batch.keys[b], batch.values[b])
+                      for b, s in enumerate(seqs)]
+            if charges and all(shared):  # the sequences' own charges cover these rows now
+                _release(charges[:1])
+                charges = charges[1:]
+        self._cache[layer] = _Stacked(key, batch, charges)
         return batch
+
+    def _charge(self, device: torch.device,
+                views: list[IndexView]) -> list[tuple[MemoryAccount, int]]:
+        """Charge a stack of ``views``: ``[(rows account, bytes), (metadata account,
+        bytes)]``, or raise :class:`CapacityError` having charged nothing."""
+        if self._accounts is None:
+            return []
+        rows_acct, meta_acct = self._accounts(device)
+        B, n, c = len(views), max(v.keys.shape[2] for v in views), max(
+            v.sizes.shape[2] for v in views)
+        k = views[0].keys
+        H, D = k.shape[1], k.shape[3]
+        rows = 2 * B * H * n * D * k.element_size()
+        meta = B * H * (2 * c + 1) * 8 + sum(
+            B * H * c * math.prod(t.shape[3:]) * t.element_size()
+            for t in views[0].meta.values())
+        what = f"a stacked view of {B} sequences"
+        rows_acct.charge(rows, f"{what} (rows)")
+        try:
+            meta_acct.charge(meta, f"{what} (index metadata)")
+        except BaseException:
+            rows_acct.release(rows)
+            raise
+        return [(rows_acct, rows), (meta_acct, meta)]
+
+    def _drop(self, layer: int) -> None:
+        old = self._cache.pop(layer, None)
+        if old is None:
+            return
+        _release(old.charges)
+        if old.view is not None and self._retire is not None:
+            self._retire(old.view)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stacked:
+    """A layer's cached stack: the batch it was built for, the view, what it charged."""
+
+    key: tuple[tuple[int, int], ...]
+    view: IndexView | None
+    charges: list[tuple[MemoryAccount, int]]
+
+
+def _release(charges: list[tuple[MemoryAccount, int]]) -> None:
+    for account, num_bytes in charges:
+        account.release(num_bytes)
 
 
 def stack_steady(seqs: list[Sequence], layer: int) -> Steady:

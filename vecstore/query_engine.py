@@ -10,9 +10,10 @@ import torch
 from vecstore.batch import BatchViews, stack_steady
 from vecstore.buffer.budget import charging
 from vecstore.checks import check_finite, check_index, check_tensor
-from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
+from vecstore.errors import CapacityError, InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Executor
 from vecstore.index.base import IndexView
+from vecstore.kvstore.base import MemoryAccount
 from vecstore.sequence import Sequence
 from vecstore.types import QueryResult, QueryStats
 
@@ -25,16 +26,16 @@ __all__ = ["QueryEngine"]
 class QueryEngine:
     """Validates and runs the queries of one :class:`~vecstore.store.Store`.
 
-    It stacks a batch's views (one stacked view kept per layer; the executor frees what it
-    prepared for a view once it is replaced) and runs a multi-token query of several
-    sequences one row at a time.
+    It stacks a batch's views (one stacked view kept per layer and charged to the budgets;
+    the executor frees what it prepared for a view once it is replaced) and runs a
+    multi-token query of several sequences, or a batch whose stack does not fit the
+    budgets, one row at a time.
     """
 
     def __init__(self, store: Store, executor: Executor) -> None:
         self._store = store
         self._executor = executor
-        self._batch_views = BatchViews()
-        self._stacked: dict[int, IndexView] = {}  # the last B > 1 view queried per layer
+        self._batch_views = BatchViews(self._accounts, self.retire)
 
     def check(self, seqs: list[Sequence], layer: int, q: object, scale: float | None, *,
               finite: bool = True, grouped: bool = True) -> tuple[torch.Tensor, float]:
@@ -90,13 +91,14 @@ class QueryEngine:
         q = q.to(seqs[0].layers[layer].device)
         if len(seqs) > 1 and q.shape[2] > 1:
             return self._run_rows(seqs, layer, q, scale)
+        try:
+            view = self._batch_views.view(seqs, layer)
+        except CapacityError:
+            if len(seqs) == 1:
+                raise
+            # no room for a stacked copy of the batch: each row reads its own view
+            return self._run_rows(seqs, layer, q, scale)
         steady = stack_steady(seqs, layer)
-        view = self._batch_views.view(seqs, layer)
-        if len(seqs) > 1 and view is not None:
-            old = self._stacked.get(layer)
-            if old is not None and old is not view:
-                self.retire(old)  # the batch cache keeps one stacked view per layer
-            self._stacked[layer] = view
         # wave buffers an executor builds here charge kvstore.gpu_budget_gb up front
         with charging(store.placement.device_account):
             out, lse, stats = self._executor.run(store.index_for(layer), view, steady, q,
@@ -105,7 +107,8 @@ class QueryEngine:
 
     def _run_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
                   scale: float) -> QueryResult:
-        """A multi-token query (a prefill chunk) of several sequences, one row at a time.
+        """A multi-token query (a prefill chunk) of several sequences, or a batch whose
+        stacked view does not fit the budgets, one row at a time.
 
         Each row reads its own layer's view in place, so the batch never stacks a padded
         ``[B, Hkv, N, D]`` copy of every row's rows (a second copy of the whole KV of the
@@ -137,9 +140,10 @@ class QueryEngine:
             release(view)
 
     def release_views(self) -> None:
-        """Retire every stacked view and forget the batch views (after a rollback, a drop,
-        or at close)."""
-        for view in self._stacked.values():
-            self.retire(view)
-        self._stacked.clear()
+        """Retire every stacked view, return its budget charges and forget the batch views
+        (after a rollback, a drop, or at close)."""
         self._batch_views.clear()
+
+    def _accounts(self, device: torch.device) -> tuple[MemoryAccount, MemoryAccount]:
+        placement = self._store.placement
+        return placement.tier(device).account, placement.device_account(device)
