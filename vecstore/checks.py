@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import torch
 
 from vecstore.errors import InvalidValueError, ShapeError
 
-__all__ = ["check_tensor", "check_finite", "check_all_finite", "check_index", "parse_dtype",
-           "SUPPORTED_DTYPES"]
+__all__ = ["check_tensor", "check_finite", "check_all_finite", "check_index", "check_name",
+           "check_positive_int", "parse_dtype", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = {
     "float32": torch.float32,
@@ -87,3 +88,29 @@ def check_index(value: object, name: str, upper: int) -> int:
     if not 0 <= value < upper:
         raise InvalidValueError(f"{name}: expected 0 <= {name} < {upper}, got {value}")
     return value
+
+
+def check_positive_int(value: object, name: str) -> int:
+    """Return ``value`` if it is an int ``>= 1`` (not a bool), else raise
+    :class:`InvalidValueError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidValueError(f"{name}: expected a positive integer, got {value!r}")
+    return value
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: object) -> None:
+    """Check a sequence name: 1-128 letters, digits, ``.``, ``_``, ``-``, starting with a
+    letter or digit (``.`` and ``..`` refused).
+
+    Raises
+    ------
+    InvalidValueError
+        Naming the rule and the value.
+    """
+    if not isinstance(name, str) or not _NAME.match(name) or name in {".", ".."}:
+        raise InvalidValueError(
+            f"name: expected 1-128 characters of letters, digits, '.', '_', '-' starting "
+            f"with a letter or digit, got {name!r}")

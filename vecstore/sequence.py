@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vecstore.checks import check_finite, check_index, check_tensor
+from vecstore.checks import check_finite, check_index, check_positive_int, check_tensor
 from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
@@ -173,8 +173,7 @@ class Sequence:
             id ``-1`` and score ``-inf``.
         """
         self._check_alive()
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidValueError(f"k: expected a positive integer, got {k!r}")
+        check_positive_int(k, "k")
         check_index(layer, "layer", self.num_layers)
         qg, scale = self._store.check_query([self], layer, _as_batch(q), scale)
         state = self.layers[layer]

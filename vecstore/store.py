@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -12,14 +11,13 @@ from typing import Any
 
 import torch
 
-from vecstore.checks import check_all_finite, check_tensor, parse_dtype
+from vecstore.checks import check_name, check_positive_int, parse_dtype
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
     InvalidValueError,
     NotFoundError,
     ReadOnlyError,
-    ShapeError,
     StoreClosedError,
 )
 from vecstore.executor.base import EXECUTORS, Executor
@@ -31,15 +29,12 @@ from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, d
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.transaction import Transaction
 from vecstore.storage.verify import VerifyReport, verify_store
-from vecstore.tail import append_tails
 from vecstore.types import QueryResult
+from vecstore.writer import Writer
 
 __all__ = ["Store"]
 
 log = logging.getLogger(__name__)
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
 
 class Store:
     """A collection of sequences sharing one configuration.
@@ -73,6 +68,7 @@ class Store:
         self._persistence = persistence
         self._txn: Transaction | None = None
         self._queries = QueryEngine(self, self._executor)
+        self._writer = Writer(self, self._queries)
         self.placement = Placement(config.kvstore, retire_view=self._queries.retire)
         for kind in {config.index.kind, "flat"}:
             self._indexes[kind] = INDEXES.get(kind)(config)
@@ -225,11 +221,10 @@ class Store:
             Identifies the model that produced the KV; integrations check it on reuse.
         """
         self.check_open()
-        _check_name(name)
+        check_name(name)
         for arg, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                            ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidValueError(f"{arg}: expected a positive integer, got {value!r}")
+            check_positive_int(value, arg)
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise InvalidValueError(f"fingerprint: expected a str or None, got {fingerprint!r}")
         torch_dtype = parse_dtype(dtype)
@@ -324,9 +319,7 @@ class Store:
                       values: torch.Tensor) -> None:
         """Append validated tokens (called by :meth:`Sequence.append`); durable when it
         returns, unless inside :meth:`transaction`."""
-        with self.transaction():
-            self._current_txn().touch(seq, layer)
-            seq.layers[layer].append(keys, values)
+        self._writer.append(seq, layer, keys, values)
 
     def append_batch(self, seqs: list[Sequence], layer: int, keys: torch.Tensor,
                      values: torch.Tensor, *, finite: bool = True) -> None:
@@ -362,28 +355,7 @@ class Store:
         ...     [s.num_tokens for s in seqs]
         [3, 3]
         """
-        self._queries.check_seqs(seqs, layer, stored=False)
-        first = seqs[0]
-        shape = (len(seqs), first.num_kv_heads, None, first.head_dim)
-        check_tensor(keys, "keys", shape=shape, dtype=first.dtype)
-        check_tensor(values, "values", shape=tuple(keys.shape), dtype=first.dtype)
-        if keys.shape[2] == 0:
-            raise ShapeError(f"keys: expected at least one token, got shape {tuple(keys.shape)}")
-        if finite:
-            check_all_finite(keys=keys, values=values)
-        dev = first.layers[layer].device
-        keys, values = keys.to(dev).contiguous(), values.to(dev).contiguous()
-        states = [seq.layers[layer] for seq in seqs]
-        a = states[0].config.attention
-        with self.transaction():
-            txn = self._current_txn()
-            for seq in seqs:
-                txn.touch(seq, layer)
-            # a decode step of equal tails: two copies for the batch (vecstore.tail)
-            if not append_tails(states, keys, values, a.window_tokens, a.update_tokens,
-                                a.sink_tokens):
-                for b, state in enumerate(states):
-                    state.append(keys[b], values[b])
+        self._writer.append_batch(seqs, layer, keys, values, finite=finite)
 
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
                     scale: float | None, *, finite: bool = True,
@@ -426,12 +398,5 @@ class Store:
         """Bytes ``(in use, at peak, budget)`` of every memory budget in use, by name
         (``kvstore.pinned_budget_gb``, ``kvstore.gpu_budget_gb on <device>``; budget 0 =
         unbounded)."""
-        return {name: (a.used_bytes, a.peak_bytes, a.budget_bytes)
-                for name, a in self.placement.accounts().items()}
+        return self.placement.usage()
 
-
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not _NAME.match(name) or name in {".", ".."}:
-        raise InvalidValueError(
-            f"name: expected 1-128 characters of letters, digits, '.', '_', '-' starting "
-            f"with a letter or digit, got {name!r}")

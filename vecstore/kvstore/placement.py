@@ -119,6 +119,11 @@ class Placement:
             out[self.pinned.account.name] = self.pinned.account
         return out
 
+    def usage(self) -> dict[str, tuple[int, int, int]]:
+        """``(in use, at peak, budget)`` bytes of every account in use, by name."""
+        return {name: (a.used_bytes, a.peak_bytes, a.budget_bytes)
+                for name, a in self.accounts().items()}
+
 
 def _normal(device: str | torch.device) -> torch.device:
     dev = torch.device(device)
