@@ -7,14 +7,16 @@ see :class:`vecstore.cache.BlockCache`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable
 from typing import Protocol, TypeVar, runtime_checkable
 
 from vecstore.errors import CapacityError, InvalidValueError, NotFoundError
 from vecstore.registry import Registry
 
-__all__ = ["CachePolicy", "POLICIES", "make_policy", "check_capacity", "check_absent",
-           "first_unprotected", "not_resident"]
+__all__ = ["CachePolicy", "POLICIES", "QueuePolicy", "make_policy", "check_capacity",
+           "check_absent", "first_unprotected", "not_resident"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -151,3 +153,61 @@ def first_unprotected(order: Iterable[K], protected: Container[Hashable], key: H
 def not_resident(key: Hashable) -> NotFoundError:
     """The error :meth:`CachePolicy.touch` raises for a key that is not resident."""
     return NotFoundError(f"touch: key {key!r} is not resident; call admit() for a miss")
+
+
+class QueuePolicy(ABC):
+    """A policy whose resident keys form one queue, evicted from its front (the first
+    unprotected key) and admitted at its back; subclasses say what a hit does
+    (:meth:`_hit`).
+
+    Parameters
+    ----------
+    capacity : int
+        Most keys resident at once, >= 1.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = check_capacity(capacity)
+        self._queue: OrderedDict[Hashable, None] = OrderedDict()  # next victim first
+
+    @property
+    def capacity(self) -> int:
+        """Most keys resident at once."""
+        return self._capacity
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._queue
+
+    def touch(self, key: Hashable) -> None:
+        """Record a hit on the resident ``key``."""
+        if key not in self._queue:
+            raise not_resident(key)
+        self._hit(key)
+
+    def admit(
+        self, key: Hashable, *, protected: Container[Hashable] = frozenset()
+    ) -> list[Hashable]:
+        """Append ``key``, evicting the first unprotected key of the queue if full."""
+        check_absent(self, key)
+        evicted = []
+        if len(self._queue) >= self._capacity:
+            victim = first_unprotected(self._queue, protected, key)
+            del self._queue[victim]
+            evicted.append(victim)
+        self._queue[key] = None
+        return evicted
+
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key`` if resident."""
+        self._queue.pop(key, None)
+
+    def keys(self) -> list[Hashable]:
+        """Resident keys in eviction order."""
+        return list(self._queue)
+
+    @abstractmethod
+    def _hit(self, key: Hashable) -> None:
+        """What a hit on the resident ``key`` does to the queue."""

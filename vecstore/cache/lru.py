@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Container, Hashable
+from collections.abc import Hashable
 
-from vecstore.cache.base import (
-    POLICIES,
-    check_absent,
-    check_capacity,
-    first_unprotected,
-    not_resident,
-)
+from vecstore.cache.base import POLICIES, QueuePolicy
 
 __all__ = ["LRUPolicy"]
 
 
 @POLICIES.register("lru")
-class LRUPolicy:
-    """Least recently used: admission and every hit count as a use.
+class LRUPolicy(QueuePolicy):
+    """Least recently used: admission and every hit count as a use (the queue runs from
+    least to most recently used).
 
     Parameters
     ----------
@@ -37,44 +31,5 @@ class LRUPolicy:
     [3]
     """
 
-    def __init__(self, capacity: int) -> None:
-        self._capacity = check_capacity(capacity)
-        self._order: OrderedDict[Hashable, None] = OrderedDict()  # least recent first
-
-    @property
-    def capacity(self) -> int:
-        """Most keys resident at once."""
-        return self._capacity
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._order
-
-    def touch(self, key: Hashable) -> None:
-        """Mark ``key`` as the most recently used."""
-        if key not in self._order:
-            raise not_resident(key)
-        self._order.move_to_end(key)
-
-    def admit(
-        self, key: Hashable, *, protected: Container[Hashable] = frozenset()
-    ) -> list[Hashable]:
-        """Insert ``key`` as most recent, evicting the least recent unprotected key if full."""
-        check_absent(self, key)
-        evicted = []
-        if len(self._order) >= self._capacity:
-            victim = first_unprotected(self._order, protected, key)
-            del self._order[victim]
-            evicted.append(victim)
-        self._order[key] = None
-        return evicted
-
-    def discard(self, key: Hashable) -> None:
-        """Forget ``key`` if resident."""
-        self._order.pop(key, None)
-
-    def keys(self) -> list[Hashable]:
-        """Resident keys, least recently used first."""
-        return list(self._order)
+    def _hit(self, key: Hashable) -> None:
+        self._queue.move_to_end(key)
