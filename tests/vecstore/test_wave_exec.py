@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.interpreter import interpreted, request_interpreter
 from tests.reference import exact_attention, rel_err
@@ -71,6 +73,46 @@ def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, cand_fractio
     k2 = torch.tensor([600, 500, 7, 2000, 1300, 1500], dtype=torch.int32)
     z = Zones.empty(rows, C, 1100, torch.device("cpu"), e_max=1200)
     select_zones(score, sizes, first, k1, k2, z)
+    _check_stable_top_k(score, sizes, first, k1, k2, z)
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+@interpreted
+def test_select_zones_is_a_stable_top_k_for_any_scores(data):
+    # random rows over a few distinct scores (many ties), empty clusters, any k1 <= k2;
+    # small chunks and walks so every path runs on a few hundred clusters: row programs,
+    # and candidate lists that fit, or overflow
+    from vecstore.executor import wave_select
+    from vecstore.executor.wave_select import select_zones
+
+    rows = data.draw(st.integers(1, 3))
+    C = data.draw(st.integers(1, 300))
+    values = st.sampled_from([0.0, 0.5, 0.25, 1e-3, 7.0, -2.0, float("-inf")])
+    score = torch.tensor(data.draw(st.lists(values, min_size=rows * C, max_size=rows * C)),
+                         dtype=torch.float32).reshape(rows, C)
+    score += torch.tensor(data.draw(st.lists(st.sampled_from([0.0, 0.0, 1e-4, 3e-5]),
+                                             min_size=rows * C, max_size=rows * C))
+                          ).reshape(rows, C)
+    sizes = torch.tensor(data.draw(st.lists(st.integers(0, 5), min_size=rows * C,
+                                            max_size=rows * C)), dtype=torch.int32)
+    sizes = sizes.reshape(rows, C)
+    first = (torch.cumsum(sizes, 1) - sizes).int()
+    k2 = torch.tensor([data.draw(st.integers(0, C)) for _ in range(rows)], dtype=torch.int32)
+    k1 = torch.tensor([data.draw(st.integers(0, int(k))) for k in k2], dtype=torch.int32)
+    patch = {"_ROW_RADIX_MAX": data.draw(st.sampled_from([0, 1 << 20])),
+             "_CAND_FRACTION": data.draw(st.sampled_from([1, 4, 1000])),
+             "_SELECT_BLOCK": 64, "_RADIX_BLOCK": 64}
+    saved = {k: getattr(wave_select, k) for k in patch}
+    try:
+        for k, v in patch.items():
+            setattr(wave_select, k, v)
+        z = Zones.empty(rows, C, max(1, int(k1.max())), torch.device("cpu"),
+                        e_max=max(1, C))
+        select_zones(score, sizes, first, k1, k2, z)
+    finally:
+        for k, v in saved.items():
+            setattr(wave_select, k, v)
     _check_stable_top_k(score, sizes, first, k1, k2, z)
 
 
