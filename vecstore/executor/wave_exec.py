@@ -217,8 +217,9 @@ class WaveExecutor:
         attends the steady zone once the clusters are scored, next to the zone selection
         (compute-bound), then the estimated zone next to the retrieved one (the two read
         different bytes, so together they keep more of HBM busy than one after the other).
-        H200, whole steps at 8 x 128K: 155 us against 159 with the steady zone next to the
-        scoring; 465 against 497 at 4 x 1M before the estimated zone moved.
+        H200, whole steps: 155 us against 159 at 8 x 128K with the steady zone next to the
+        scoring; 465 against 497 at 8 x 512K since the estimated zone moved (and the row
+        map was tiled).
         """
         # triton is imported here, not at module import: it is an optional dependency
         from vecstore.executor.wave_kernels import (
