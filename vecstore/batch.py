@@ -102,12 +102,12 @@ class BatchViews:
         rows_acct, meta_acct = self._accounts(device)
         B, n, c = len(views), max(v.keys.shape[2] for v in views), max(
             v.sizes.shape[2] for v in views)
-        k = views[0].keys
-        H, D = k.shape[1], k.shape[3]
-        rows = 2 * B * H * n * D * k.element_size()
-        meta = B * H * (2 * c + 1) * 8 + sum(
-            B * H * c * math.prod(t.shape[3:]) * t.element_size()
-            for t in views[0].meta.values())
+        v0 = views[0]
+        H, D = v0.keys.shape[1], v0.keys.shape[3]
+        rows = 2 * B * H * n * D * v0.keys.element_size()
+        meta = B * H * ((c + 1) * v0.offsets.element_size() + c * v0.sizes.element_size()
+                        + sum(c * math.prod(t.shape[3:]) * t.element_size()
+                              for t in v0.meta.values()))
         what = f"a stacked view of {B} sequences"
         rows_acct.charge(rows, f"{what} (rows)")
         try:
