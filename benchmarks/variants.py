@@ -125,11 +125,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    variants = [(v[0], [parse_setting(s) for s in v[1:]]) for v in args.variant]
+    try:
+        variants = [(v[0], [parse_setting(s) for s in v[1:]]) for v in args.variant]
+        sizes = [parse_size(size) for size in args.sizes]
+    except ValueError as exc:
+        parser.error(str(exc))
     timer = Timer(torch.device("cuda"))
     rows = []
-    for size in args.sizes:
-        batch, tokens = parse_size(size)
+    for batch, tokens in sizes:
         rows += run_size(timer, batch, tokens, variants, args.reps)
         torch.cuda.empty_cache()
         for r in rows[-len(variants):]:
