@@ -5,26 +5,26 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.variants import applied, parse_setting, parse_size
-from vecstore.executor import wave_select
+from vecstore.executor import wave_radix
 
 
 def test_settings_are_applied_for_the_block_and_restored_after():
-    before = wave_select._KEPT
-    settings = [parse_setting("vecstore.executor.wave_select._KEPT=4")]
-    assert settings == [(wave_select, "_KEPT", 4)]
+    before = wave_radix._KEPT
+    settings = [parse_setting("vecstore.executor.wave_radix._KEPT=4")]
+    assert settings == [(wave_radix, "_KEPT", 4)]
     with applied(settings):
-        assert wave_select._KEPT == 4
-    assert wave_select._KEPT == before
+        assert wave_radix._KEPT == 4
+    assert wave_radix._KEPT == before
     with pytest.raises(RuntimeError), applied(settings):
         raise RuntimeError("a variant failed to build")
-    assert wave_select._KEPT == before
+    assert wave_radix._KEPT == before
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    ("wave_select._KEPT", "expected module.ATTR=value"),
+    ("wave_radix._KEPT", "expected module.ATTR=value"),
     ("_KEPT=4", "expected module.ATTR=value"),
-    ("vecstore.executor.wave_select._NOPE=4", "has no attribute '_NOPE'"),
-    ("vecstore.executor.wave_select._KEPT=four", "is not a Python literal"),
+    ("vecstore.executor.wave_radix._NOPE=4", "has no attribute '_NOPE'"),
+    ("vecstore.executor.wave_radix._KEPT=four", "is not a Python literal"),
 ])
 def test_bad_settings_are_refused(text, match):
     with pytest.raises(ValueError, match=match):

@@ -49,13 +49,13 @@ def test_registered():
                          ids=["row-programs", "candidates", "candidates-overflow"])
 @interpreted
 def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, cand_fraction):
-    from vecstore.executor import wave_select
+    from vecstore.executor import wave_radix
     from vecstore.executor.wave_select import select_zones
 
-    monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
+    monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", row_radix_max)
     # lists of 312 candidates overflow only where many scores tie (row 3, row 4 at k2);
     # lists of 2 overflow nearly everywhere
-    monkeypatch.setattr(wave_select, "_CAND_FRACTION", cand_fraction)
+    monkeypatch.setattr(wave_radix, "_CAND_FRACTION", cand_fraction)
 
     gen = torch.Generator().manual_seed(0)
     rows, C = 6, 2500  # three chunks of 1024
@@ -83,7 +83,7 @@ def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     # random rows over a few distinct scores (many ties), empty clusters, any k1 <= k2;
     # small chunks and walks so every path runs on a few hundred clusters: row programs,
     # and candidate lists that fit, or overflow
-    from vecstore.executor import wave_select
+    from vecstore.executor import wave_radix, wave_select
     from vecstore.executor.wave_select import select_zones
 
     rows = data.draw(st.integers(1, 3))
@@ -100,19 +100,19 @@ def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     first = (torch.cumsum(sizes, 1) - sizes).int()
     k2 = torch.tensor([data.draw(st.integers(0, C)) for _ in range(rows)], dtype=torch.int32)
     k1 = torch.tensor([data.draw(st.integers(0, int(k))) for k in k2], dtype=torch.int32)
-    patch = {"_ROW_RADIX_MAX": data.draw(st.sampled_from([0, 1 << 20])),
-             "_CAND_FRACTION": data.draw(st.sampled_from([1, 4, 1000])),
-             "_SELECT_BLOCK": 64, "_RADIX_BLOCK": 64}
-    saved = {k: getattr(wave_select, k) for k in patch}
+    patch = {(wave_radix, "_ROW_RADIX_MAX"): data.draw(st.sampled_from([0, 1 << 20])),
+             (wave_radix, "_CAND_FRACTION"): data.draw(st.sampled_from([1, 4, 1000])),
+             (wave_select, "_SELECT_BLOCK"): 64, (wave_radix, "_RADIX_BLOCK"): 64}
+    saved = {(m, k): getattr(m, k) for m, k in patch}
     try:
-        for k, v in patch.items():
-            setattr(wave_select, k, v)
+        for (m, k), v in patch.items():
+            setattr(m, k, v)
         z = Zones.empty(rows, C, max(1, int(k1.max())), torch.device("cpu"),
                         e_max=max(1, C))
         select_zones(score, sizes, first, k1, k2, z)
     finally:
-        for k, v in saved.items():
-            setattr(wave_select, k, v)
+        for (m, k), v in saved.items():
+            setattr(m, k, v)
     _check_stable_top_k(score, sizes, first, k1, k2, z)
 
 
@@ -136,10 +136,10 @@ def _check_stable_top_k(score, sizes, first, k1, k2, z):
 @pytest.mark.parametrize("row_radix_max", [1 << 20, 0], ids=["row-programs", "candidates"])
 def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
     # compiled kernels: rows long enough for the candidate lists, ties at both thresholds
-    from vecstore.executor import wave_select
+    from vecstore.executor import wave_radix
     from vecstore.executor.wave_select import select_zones
 
-    monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
+    monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", row_radix_max)
     gen = torch.Generator().manual_seed(8)
     rows, C = 4, 40000
     score = torch.rand(rows, C, generator=gen) ** 4
@@ -162,9 +162,9 @@ def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
 @interpreted
 def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_weight,
                                                    row_radix_max):
-    from vecstore.executor import wave_select
+    from vecstore.executor import wave_radix
 
-    monkeypatch.setattr(wave_select, "_ROW_RADIX_MAX", row_radix_max)
+    monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", row_radix_max)
     gen = torch.Generator().manual_seed(1)
     cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
         **CFG.to_dict()["index"], "radius_weight": radius_weight}})

@@ -1,4 +1,5 @@
-"""Radix-select helpers shared by the score and selection kernels (Triton device functions).
+"""The radix select of the wave step: device helpers shared with the score and selection
+kernels, and the passes that find each row's two thresholds (:func:`radix_thresholds`).
 
 Scores map to uint32 keys in the same order; the ``k``-th largest key of a row is found MSB
 first, ``RADIX_BITS`` bits a pass, from per-pass histograms of the keys that match the
@@ -9,21 +10,37 @@ once, with atomics (``radix_count``). For rows short enough the later passes run
 launch of a program per row and threshold that sums each pass's histogram in registers
 (``radix_histogram``) and chooses its digit right away (``radix_digit``); longer rows count a
 few more passes the first way, then run the rest the second way over the scores that still
-match each threshold's prefix (:mod:`vecstore.executor.wave_select`).
+match each threshold's prefix (candidate lists, ``_radix_compact_kernel``).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from vecstore.kernels._backend import LazyKernel
+
 __all__ = [
     "RADIX_BITS", "RADIX_PASSES", "radix_keys", "radix_digit", "radix_threshold",
-    "radix_histogram", "radix_count",
+    "radix_histogram", "radix_count", "radix_thresholds",
 ]
 
 RADIX_BITS = 5  # histogram bins 2**5: the warp-ballot histogram needs a multiple of 32
 RADIX_PASSES = triton.cdiv(32, RADIX_BITS)
+# Rows of at most _ROW_RADIX_MAX clusters run the radix passes after the first in one
+# launch, a program per row and threshold (H200: 18 us against 25 us for a launch per pass
+# at 8 x 8192 clusters). Longer rows run passes 1.._KEPT - 1 as launches over all (row,
+# chunk) programs, then copy each threshold's candidates (the scores still matching its
+# 15-bit prefix) into a list of at most 1/_CAND_FRACTION of the row, and a program
+# per row and threshold runs the remaining passes over that list. H200 whole steps against
+# a launch per pass (rows of one program up to 32768): 0.448 against 0.460 ms at 8 x 512K,
+# 0.441 against 0.465 at 4 x 1M, 0.873 against 0.921 at 8 x 1M (_KEPT 2 or 4 slower)
+_ROW_RADIX_MAX = 8192
+_KEPT = 3
+_CAND_FRACTION = 8
+_RADIX_BLOCK = 4096  # scores per step of a row program's walk
+_RADIX_WARPS = 16
 
 
 @triton.jit
@@ -97,3 +114,111 @@ def radix_count(key, valid, t, counts_ptr, PASS: tl.constexpr, BITS: tl.constexp
     h = tl.histogram(digit, 1 << BITS, mask=match)
     bins = tl.arange(0, 1 << BITS)
     tl.atomic_add(counts_ptr + PASS * (1 << BITS) + bins, h, mask=h > 0)
+
+
+def _radix_pass_kernel(
+    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
+    PASS: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # counts[row, which, pass, d]: keys of prefix t_which (from the earlier passes) and
+    # digit d, summed over all chunks with atomics
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    h1 = counts_ptr + (row * 2 + 0) * PASSES * (1 << BITS)
+    h2 = counts_ptr + (row * 2 + 1) * PASSES * (1 << BITS)
+    t1, _ = radix_threshold(h1, tl.load(k1_ptr + row), PASS, BITS)
+    t2, _ = radix_threshold(h2, tl.load(k2_ptr + row), PASS, BITS)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
+    radix_count(key, valid, t1, h1, PASS, BITS)
+    radix_count(key, valid, t2, h2, PASS, BITS)
+
+
+def _radix_rows_kernel(
+    score_ptr, cand_ptr, ncand_ptr, k1_ptr, k2_ptr, counts_ptr, C, CAP,
+    FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr,
+):
+    # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
+    # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
+    # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
+    # overflowed their list; counts[row, which, pass] of the passes before FIRST are given,
+    # the others written
+    row = tl.program_id(0).to(tl.int64)
+    which = tl.program_id(1)
+    k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
+    hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
+    bins = tl.arange(0, 1 << BITS)
+    src, n = score_ptr + row * C, C
+    if CANDIDATES:
+        found = tl.load(ncand_ptr + row * 2 + which)
+        if found <= CAP:
+            src, n = cand_ptr + (row * 2 + which) * CAP, found
+    t = tl.zeros([1], tl.uint32)
+    above = tl.zeros([1], tl.int32)
+    for p in tl.static_range(PASSES):
+        if p < FIRST:
+            h = tl.load(hist + p * (1 << BITS) + bins)
+        else:
+            h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
+            tl.store(hist + p * (1 << BITS) + bins, h)
+        d, above = radix_digit(h[None, :], above, k, p, BITS)
+        t = t | d
+
+
+def _radix_compact_kernel(
+    score_ptr, k1_ptr, k2_ptr, counts_ptr, cand_ptr, ncand_ptr, C, CAP,
+    KEPT: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # append the scores of a chunk whose keys match threshold w's prefix after KEPT passes
+    # to the row's candidate list of w (at most CAP kept; the count goes on past CAP)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    idx = chunk * BLOCK + tl.arange(0, BLOCK)
+    valid = idx < C
+    s = tl.load(score_ptr + row * C + idx, mask=valid, other=0.0)
+    key = radix_keys(s)
+    hi = 32 - BITS * KEPT
+    for w in tl.static_range(2):
+        k = tl.load(k1_ptr + row) if w == 0 else tl.load(k2_ptr + row)
+        hist = counts_ptr + (row * 2 + w) * PASSES * (1 << BITS)
+        t, _ = radix_threshold(hist, k, KEPT, BITS)
+        match = valid & ((key >> hi) == (t >> hi))
+        m = match.to(tl.int32)
+        base = tl.atomic_add(ncand_ptr + row * 2 + w, tl.sum(m, axis=0))
+        pos = base + tl.cumsum(m, axis=0) - m
+        tl.store(cand_ptr + (row * 2 + w) * CAP + pos, s, mask=match & (pos < CAP))
+
+
+_RADIX_PASS = LazyKernel(_radix_pass_kernel)
+_RADIX_ROWS = LazyKernel(_radix_rows_kernel)
+_COMPACT = LazyKernel(_radix_compact_kernel)
+
+
+def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
+                     counts: torch.Tensor, first_pass: int, block: int, nchunk: int) -> None:
+    """Run the radix passes ``first_pass..`` of both thresholds of every row.
+
+    ``score [rows, C]`` float32, ``k1, k2 [rows]`` int32; ``counts [rows, 2, RADIX_PASSES,
+    2**RADIX_BITS]`` int32 holds the passes before ``first_pass`` and receives the others
+    (:func:`radix_threshold` then reads either threshold from it). ``block`` scores per
+    (row, chunk) program and ``nchunk`` chunks per row, as the selection kernels use.
+    """
+    rows, num_clusters = score.shape
+    radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
+    if num_clusters <= _ROW_RADIX_MAX:
+        _RADIX_ROWS[(rows, 2)](score, score, counts, k1, k2, counts, num_clusters, 0,
+                               FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
+                               BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS)
+        return
+    for p in range(first_pass, _KEPT):
+        _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
+    cap = max(1, num_clusters // _CAND_FRACTION)
+    cand = torch.empty(rows, 2, cap, dtype=torch.float32, device=score.device)
+    ncand = torch.zeros(rows, 2, dtype=torch.int32, device=score.device)
+    _COMPACT[(rows, nchunk)](score, k1, k2, counts, cand, ncand, num_clusters, cap, KEPT=_KEPT,
+                             **radix)
+    _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, num_clusters, cap,
+                           FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
+                           BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS)

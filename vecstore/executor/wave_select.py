@@ -3,7 +3,7 @@
 ``rank_and_select`` — centroid logits of the G query heads of each (sequence, KV head) row
 (one ``tl.dot`` per tile, each centroid read once per group), the GQA-summed softmax score
 fused with the first radix pass, then the ``k1``-th and ``k2``-th largest scores by a radix
-select (no sort; :mod:`vecstore.executor.wave_radix`),
+select (no sort; :func:`vecstore.executor.wave_radix.radix_thresholds`),
 per-chunk counts, one scan per row, and a parallel write that marks each cluster retrieved
 (rank < k1), estimated (k1 <= rank < k2) or dropped, compacts the retrieved ids with their
 first row and the running sum of their sizes, and the estimated ids. Ties rank by cluster
@@ -25,11 +25,9 @@ import triton.language as tl
 from vecstore.executor.wave_radix import (
     RADIX_BITS,
     RADIX_PASSES,
-    radix_count,
-    radix_digit,
-    radix_histogram,
     radix_keys,
     radix_threshold,
+    radix_thresholds,
 )
 from vecstore.executor.wave_rank import LOGITS, SCORE
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot
@@ -40,19 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["rank_and_select", "select_zones"]
 
 _SELECT_BLOCK = 1024
-# Rows of at most _ROW_RADIX_MAX clusters run the radix passes after the first in one
-# launch, a program per row and threshold (H200: 18 us against 25 us for a launch per pass
-# at 8 x 8192 clusters). Longer rows run passes 1.._KEPT - 1 as launches over all (row,
-# chunk) programs, then copy each threshold's candidates (the scores still matching its
-# 15-bit prefix) into a list of at most 1/_CAND_FRACTION of the row, and a program
-# per row and threshold runs the remaining passes over that list. H200 whole steps against
-# a launch per pass (rows of one program up to 32768): 0.448 against 0.460 ms at 8 x 512K,
-# 0.441 against 0.465 at 4 x 1M, 0.873 against 0.921 at 8 x 1M (_KEPT 2 or 4 slower)
-_ROW_RADIX_MAX = 8192
-_KEPT = 3
-_CAND_FRACTION = 8
-_RADIX_BLOCK = 4096  # scores per step of a row program's walk
-_RADIX_WARPS = 16
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
 # stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
 # against 465 at 8 x 512K, 465 against 479 at 4 x 1M (tiles of 32 or 128, 8 warps, 4 stages
@@ -61,81 +46,6 @@ _BLOCK_LOGITS = 64
 _LOGITS_PER_SM = 8
 _LOGITS_WARPS = 4
 _LOGITS_STAGES = 2
-
-
-def _radix_pass_kernel(
-    score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
-    PASS: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    # counts[row, which, pass, d]: keys of prefix t_which (from the earlier passes) and
-    # digit d, summed over all chunks with atomics
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    h1 = counts_ptr + (row * 2 + 0) * PASSES * (1 << BITS)
-    h2 = counts_ptr + (row * 2 + 1) * PASSES * (1 << BITS)
-    t1, _ = radix_threshold(h1, tl.load(k1_ptr + row), PASS, BITS)
-    t2, _ = radix_threshold(h2, tl.load(k2_ptr + row), PASS, BITS)
-    idx = chunk * BLOCK + tl.arange(0, BLOCK)
-    valid = idx < C
-    key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
-    radix_count(key, valid, t1, h1, PASS, BITS)
-    radix_count(key, valid, t2, h2, PASS, BITS)
-
-
-def _radix_rows_kernel(
-    score_ptr, cand_ptr, ncand_ptr, k1_ptr, k2_ptr, counts_ptr, C, CAP,
-    FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    CANDIDATES: tl.constexpr,
-):
-    # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
-    # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
-    # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
-    # overflowed their list; counts[row, which, pass] of the passes before FIRST are given,
-    # the others written
-    row = tl.program_id(0).to(tl.int64)
-    which = tl.program_id(1)
-    k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
-    hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
-    bins = tl.arange(0, 1 << BITS)
-    src, n = score_ptr + row * C, C
-    if CANDIDATES:
-        found = tl.load(ncand_ptr + row * 2 + which)
-        if found <= CAP:
-            src, n = cand_ptr + (row * 2 + which) * CAP, found
-    t = tl.zeros([1], tl.uint32)
-    above = tl.zeros([1], tl.int32)
-    for p in tl.static_range(PASSES):
-        if p < FIRST:
-            h = tl.load(hist + p * (1 << BITS) + bins)
-        else:
-            h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
-            tl.store(hist + p * (1 << BITS) + bins, h)
-        d, above = radix_digit(h[None, :], above, k, p, BITS)
-        t = t | d
-
-
-def _radix_compact_kernel(
-    score_ptr, k1_ptr, k2_ptr, counts_ptr, cand_ptr, ncand_ptr, C, CAP,
-    KEPT: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    # append the scores of a chunk whose keys match threshold w's prefix after KEPT passes
-    # to the row's candidate list of w (at most CAP kept; the count goes on past CAP)
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    idx = chunk * BLOCK + tl.arange(0, BLOCK)
-    valid = idx < C
-    s = tl.load(score_ptr + row * C + idx, mask=valid, other=0.0)
-    key = radix_keys(s)
-    hi = 32 - BITS * KEPT
-    for w in tl.static_range(2):
-        k = tl.load(k1_ptr + row) if w == 0 else tl.load(k2_ptr + row)
-        hist = counts_ptr + (row * 2 + w) * PASSES * (1 << BITS)
-        t, _ = radix_threshold(hist, k, KEPT, BITS)
-        match = valid & ((key >> hi) == (t >> hi))
-        m = match.to(tl.int32)
-        base = tl.atomic_add(ncand_ptr + row * 2 + w, tl.sum(m, axis=0))
-        pos = base + tl.cumsum(m, axis=0) - m
-        tl.store(cand_ptr + (row * 2 + w) * CAP + pos, s, mask=match & (pos < CAP))
 
 
 def _zone_stats_kernel(
@@ -292,9 +202,6 @@ def _zone_write_kernel(
     tl.store(est_ptr + row * E_MAX + epos, idx, mask=est & (epos < E_MAX))
 
 
-_RADIX_PASS = LazyKernel(_radix_pass_kernel)
-_RADIX_ROWS = LazyKernel(_radix_rows_kernel)
-_COMPACT_K = LazyKernel(_radix_compact_kernel)
 _STATS = LazyKernel(_zone_stats_kernel)
 _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
@@ -408,21 +315,7 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     bases = torch.empty(rows, nchunk + 1, 5, dtype=torch.int32, device=dev)
     r_max = out.ids.shape[1]
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
-    if num_clusters <= _ROW_RADIX_MAX:
-        _RADIX_ROWS[(rows, 2)](score, score, counts, k1, k2, counts, num_clusters, 0,
-                               FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                               BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS)
-    else:
-        for p in range(first_pass, _KEPT):
-            _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
-        cap = max(1, num_clusters // _CAND_FRACTION)
-        cand = torch.empty(rows, 2, cap, dtype=torch.float32, device=dev)
-        ncand = torch.zeros(rows, 2, dtype=torch.int32, device=dev)
-        _COMPACT_K[(rows, nchunk)](score, k1, k2, counts, cand, ncand, num_clusters, cap,
-                                   KEPT=_KEPT, **radix)
-        _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, num_clusters, cap,
-                               FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                               BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS)
+    radix_thresholds(score, k1, k2, counts, first_pass, block, nchunk)
     _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
     _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
                    out.est_count, num_clusters, nchunk, r_max,
