@@ -11,7 +11,7 @@ import torch
 
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
-from vecstore.kvstore.base import MemoryAccount
+from vecstore.kvstore.base import MemoryAccount, shape_bytes
 
 if TYPE_CHECKING:
     from vecstore.layer import LayerState
@@ -104,7 +104,7 @@ class BatchViews:
             v.sizes.shape[2] for v in views)
         v0 = views[0]
         H, D = v0.keys.shape[1], v0.keys.shape[3]
-        rows = 2 * B * H * n * D * v0.keys.element_size()
+        rows = shape_bytes((B, H, n, D), v0.keys.dtype)
         meta = B * H * ((c + 1) * v0.offsets.element_size() + c * v0.sizes.element_size()
                         + sum(c * math.prod(t.shape[3:]) * t.element_size()
                               for t in v0.meta.values()))

@@ -36,6 +36,7 @@ __all__ = ["Store"]
 
 log = logging.getLogger(__name__)
 
+
 class Store:
     """A collection of sequences sharing one configuration.
 

@@ -256,13 +256,12 @@ class WaveExecutor:
         rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
                         prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
                         prep.radius_weight, logits, zones, scored)
-        if side is not None:  # the steady zone's reads overlap the selection's compute
-            side.wait_event(scored)
+        if side is not None:
+            side.wait_event(scored)  # the steady zone's reads overlap the selection's compute
             with _on(side):
                 attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts,
                               n_ret)
-        if side is not None:  # the estimated zone reads other bytes than the retrieved one
-            side.wait_stream(main)
+            side.wait_stream(main)  # the estimated zone reads other bytes than the retrieved
         with _on(side):
             attend_estimated(logits, prep.sizes, prep.vmean, zones, parts, n_ret + n_std)
         buf = prep.buffer
