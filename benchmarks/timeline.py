@@ -1,0 +1,179 @@
+"""Kernel timeline of the captured wave decode step: where the step's device time goes.
+
+Replays the CUDA graph of one decode step (as ``decode.py`` times it: L2 flushed, the
+device idle on a sleep kernel before the step) under the profiler, and writes, per size,
+every kernel of the median step with its start and end relative to the step's first
+kernel and its stream, then the step's span, the busy time of each stream and the time
+no kernel ran. Offloaded sizes replay the step with drifting queries, the block cache
+warm, as ``decode.py`` does.
+
+    python benchmarks/timeline.py --sizes 8x131072 4x1048576 --offloaded 1x1048576 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import decode as dec  # noqa: E402
+from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.variants import parse_size  # noqa: E402
+from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
+from vecstore.index.base import IndexView  # noqa: E402
+from vecstore.index.wave import WaveIndex  # noqa: E402
+from vecstore.kvstore import PinnedKVStore  # noqa: E402
+
+_MARK = "spin_kernel"  # torch.cuda._sleep's kernel: it opens every profiled step
+
+
+def kernel_steps(trace: dict) -> list[list[dict]]:
+    """The kernels of a chrome trace grouped into steps, each opened by a sleep kernel;
+    times in microseconds relative to the step's first kernel after the sleep."""
+    kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"),
+                     key=lambda e: e["ts"])
+    steps: list[list[dict]] = []
+    for e in kernels:
+        if _MARK in e["name"]:
+            steps.append([])
+        elif steps:
+            steps[-1].append(e)
+    out = []
+    for step in steps:
+        if not step:
+            continue
+        t0 = step[0]["ts"]
+        out.append([{"name": e["name"][:48], "stream": e.get("args", {}).get("stream", e["tid"]),
+                     "start": e["ts"] - t0, "end": e["ts"] + e["dur"] - t0} for e in step])
+    return out
+
+
+def summarize(step: list[dict]) -> dict:
+    """Span, per-stream busy time, and the time no kernel of the step ran (microseconds)."""
+    span = max(e["end"] for e in step)
+    busy: dict[str, float] = {}
+    for e in step:
+        busy[str(e["stream"])] = busy.get(str(e["stream"]), 0.0) + e["end"] - e["start"]
+    idle, reach = 0.0, 0.0
+    for e in sorted(step, key=lambda e: e["start"]):
+        idle += max(0.0, e["start"] - reach)
+        reach = max(reach, e["end"])
+    return {"span_us": span, "busy_us": busy, "idle_us": idle, "kernels": len(step)}
+
+
+Step = tuple[Callable[[], None], Callable[[], None]]  # what runs before the step, the step
+
+
+def profiled(make: Step, reps: int) -> list[list[dict]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    before, step = make
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        before()
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            before()
+            flush.zero_()
+            torch.cuda._sleep(100_000)
+            step()
+            torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+        prof.export_chrome_trace(fh.name)
+        trace = json.loads(Path(fh.name).read_text())
+    return kernel_steps(trace)
+
+
+def median_step(steps: list[list[dict]]) -> list[dict]:
+    spans = [max(e["end"] for e in s) for s in steps]
+    mid = statistics.median_low(spans)
+    return steps[spans.index(mid)]
+
+
+def resident_step(batch: int, tokens: int) -> Step:
+    dev = torch.device("cuda")
+    view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
+    ex = WaveExecutor(dev.type)
+    prep = ex.prepare(view, dec.LAYER, WaveIndex(dec.CFG))
+    qs = q.contiguous()
+    graph, _ = dec.capture(lambda: ex.decode(prep, steady, qs, dec.SCALE))
+    return (lambda: None), graph.replay
+
+
+def offloaded_step(batch: int, tokens: int) -> Step:
+    dev = torch.device("cuda")
+    view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 11 + tokens % 89)
+    pinned = PinnedKVStore()
+    rows = pinned.store(view.keys, view.values)
+    off = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets, sizes=view.sizes,
+                    meta=view.meta, num_units=view.num_units)
+    del view
+    torch.cuda.empty_cache()
+    ex = WaveExecutor(dev.type)
+    prep = ex.prepare(off, dec.LAYER, WaveIndex(dec.CFG))
+    buf = prep.buffer
+    assert buf is not None
+    qs = q.contiguous().clone()
+    graph, _ = dec.capture(lambda: ex.decode(prep, steady, qs, dec.SCALE))
+    gen = torch.Generator(device=dev).manual_seed(5)
+
+    def before() -> None:
+        qs.copy_(dec.drift(qs, gen, 0.97))
+
+    def step() -> None:
+        buf.begin_step()
+        graph.replay()
+        buf.finish_step()
+
+    for _ in range(16):  # the cache reaches its steady state
+        before()
+        step()
+    return before, step
+
+
+def report(label: str, step: list[dict]) -> str:
+    s = summarize(step)
+    lines = [f"## {label}: span {s['span_us']:.1f} us, no kernel running {s['idle_us']:.1f} us, "
+             f"{s['kernels']} kernels, busy per stream "
+             + ", ".join(f"{k}: {v:.1f}" for k, v in s["busy_us"].items())]
+    lines += [f"{e['start']:8.1f} {e['end']:8.1f} {e['end'] - e['start']:7.1f}  "
+              f"s{e['stream']}  {e['name']}" for e in step]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="*", default=["8x131072", "4x1048576"])
+    parser.add_argument("--offloaded", nargs="*", default=[])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    text, rows = [], []
+    for mode, sizes, make in (("gpu", args.sizes, resident_step),
+                              ("offloaded", args.offloaded, offloaded_step)):
+        for size in sizes:
+            batch, tokens = parse_size(size)
+            step = median_step(profiled(make(batch, tokens), args.reps))
+            text.append(report(f"{mode} {batch} x {tokens}", step))
+            rows.append({"mode": mode, "batch": batch, "context": tokens,
+                         **summarize(step), "timeline": step})
+            print(text[-1], flush=True)
+            torch.cuda.empty_cache()
+    (args.out / "timeline.txt").write_text("\n".join(text))
+    (args.out / "timeline.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
