@@ -13,6 +13,7 @@ warm, as ``decode.py`` does.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -36,15 +37,19 @@ _MARK = "spin_kernel"  # torch.cuda._sleep's kernel: it opens every profiled ste
 
 
 def kernel_steps(trace: dict) -> list[list[dict]]:
-    """The kernels of a chrome trace grouped into steps, each opened by a sleep kernel;
-    times in microseconds relative to the step's first kernel after the sleep."""
+    """The kernels of a chrome trace grouped into steps, each between two sleep kernels
+    (one opens it, the next closes it); times in microseconds relative to the step's first
+    kernel."""
     kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"),
                      key=lambda e: e["ts"])
     steps: list[list[dict]] = []
+    inside = False
     for e in kernels:
         if _MARK in e["name"]:
-            steps.append([])
-        elif steps:
+            inside = not inside
+            if inside:
+                steps.append([])
+        elif inside:
             steps[-1].append(e)
     out = []
     for step in steps:
@@ -88,6 +93,7 @@ def profiled(make: Step, reps: int) -> list[list[dict]]:
             torch.cuda._sleep(100_000)
             step()
             torch.cuda.synchronize()
+            torch.cuda._sleep(1)
     with tempfile.NamedTemporaryFile(suffix=".json") as fh:
         prof.export_chrome_trace(fh.name)
         trace = json.loads(Path(fh.name).read_text())
@@ -100,13 +106,27 @@ def median_step(steps: list[list[dict]]) -> list[dict]:
     return steps[spans.index(mid)]
 
 
+def checked_graph(ex: WaveExecutor, view: IndexView, steady, q: torch.Tensor):
+    """The step's CUDA graph, its output checked against ``WaveExecutor.run``'s."""
+    index = WaveIndex(dec.CFG)
+    want = ex.run(index, view, steady, q[:, :, None], dec.SCALE, dec.LAYER)[0][:, :, 0]
+    prep = ex.prepare(view, dec.LAYER, index)
+    if prep.buffer is not None:
+        prep.buffer.bookkeeper.wait()
+    qs = q.contiguous().clone()
+    graph, res = dec.capture(lambda: ex.decode(prep, steady, qs, dec.SCALE))
+    if prep.buffer is None:  # an offloaded step changes the cache: its replay is not the same
+        graph.replay()
+        torch.cuda.synchronize()
+        err = dec.rel_err(res.out, want)
+        assert err < 1e-3, f"graph output differs from run(): {err:.3g}"
+    return graph, prep, qs
+
+
 def resident_step(batch: int, tokens: int) -> Step:
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
-    ex = WaveExecutor(dev.type)
-    prep = ex.prepare(view, dec.LAYER, WaveIndex(dec.CFG))
-    qs = q.contiguous()
-    graph, _ = dec.capture(lambda: ex.decode(prep, steady, qs, dec.SCALE))
+    graph, _, _ = checked_graph(WaveExecutor(dev.type), view, steady, q)
     return (lambda: None), graph.replay
 
 
@@ -119,12 +139,9 @@ def offloaded_step(batch: int, tokens: int) -> Step:
                     meta=view.meta, num_units=view.num_units)
     del view
     torch.cuda.empty_cache()
-    ex = WaveExecutor(dev.type)
-    prep = ex.prepare(off, dec.LAYER, WaveIndex(dec.CFG))
+    graph, prep, qs = checked_graph(WaveExecutor(dev.type), off, steady, q)
     buf = prep.buffer
     assert buf is not None
-    qs = q.contiguous().clone()
-    graph, _ = dec.capture(lambda: ex.decode(prep, steady, qs, dec.SCALE))
     gen = torch.Generator(device=dev).manual_seed(5)
 
     def before() -> None:
@@ -170,6 +187,7 @@ def main() -> None:
             rows.append({"mode": mode, "batch": batch, "context": tokens,
                          **summarize(step), "timeline": step})
             print(text[-1], flush=True)
+            gc.collect()
             torch.cuda.empty_cache()
     (args.out / "timeline.txt").write_text("\n".join(text))
     (args.out / "timeline.json").write_text(json.dumps(rows, indent=1))

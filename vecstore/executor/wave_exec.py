@@ -251,11 +251,11 @@ class WaveExecutor:
             scored = torch.cuda.Event()
         else:
             attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
-        logits = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
+        weights = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
         rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
                         prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
-                        prep.radius_weight, logits, zones, scored)
+                        prep.radius_weight, weights, zones, scored)
         if side is not None:
             side.wait_event(scored)  # the steady zone's reads overlap the selection's compute
             with _on(side):
@@ -263,7 +263,7 @@ class WaveExecutor:
                               n_ret)
             side.wait_stream(main)  # the estimated zone reads other bytes than the retrieved
         with _on(side):
-            attend_estimated(logits, prep.sizes, prep.vmean, zones, parts, n_ret + n_std)
+            attend_estimated(weights, prep.vmean, zones, parts, n_ret + n_std)
         buf = prep.buffer
         if buf is None:
             rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)

@@ -60,6 +60,7 @@ _BLOCK_E = 64
 # 0.438 and 0.175 / 0.446 / 0.436
 _ESTIMATE_SPLITS = 32
 _ESTIMATE_WARPS = 4
+_ESTIMATE_STAGES = 3
 _COPY_BLOCK = 32  # rows per load of the cluster copies
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 _COPY_WARPS = 4
@@ -144,7 +145,7 @@ def _steady_kernel(
 
 
 def _estimated_kernel(
-    logits_ptr, sizes_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
+    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
     C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -158,14 +159,12 @@ def _estimated_kernel(
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
         idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
-        size = tl.load(sizes_ptr + row * C + idx, mask=use, other=1)
-        lg = tl.load(logits_ptr + qrows[:, None] * C + idx[None, :],
-                     mask=g_mask[:, None] & use[None, :], other=float("-inf"))
+        w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
+                    mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
                      mask=use[:, None], other=0.0)
         if DOT_F32:
             vm = vm.to(tl.float32)
-        w = lg + tl.log(size.to(tl.float32))[None, :]
         m_i, l_i, acc = _softmax_step(w, vm, m_i, l_i, acc)
     store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
                 split_base + split, num_parts, m_i, l_i, acc, D)
@@ -330,20 +329,22 @@ def estimate_layout(e_max: int) -> tuple[int, int]:
     return per, max(1, triton.cdiv(e_max, per))
 
 
-def attend_estimated(logits: torch.Tensor, sizes: torch.Tensor, vmean: torch.Tensor,
-                     zones: Zones, parts: tuple[torch.Tensor, torch.Tensor],
-                     split_base: int) -> None:
-    """Partial states of the estimated clusters (``zones.est_ids``): logits
-    ``[rows * G, C]`` float32, sizes ``[rows, C]`` int32, value means ``vmean [rows, C, D]``."""
+def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
+                     parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
+    """Partial states of the estimated clusters (``zones.est_ids``): log weights
+    ``logit + log size`` ``[rows * G, C]`` float32 (as
+    :func:`~vecstore.executor.wave_select.rank_and_select` writes them), value means
+    ``vmean [rows, C, D]``."""
     rows, num_clusters, dim = vmean.shape
-    group = logits.shape[0] // rows
+    group = weights.shape[0] // rows
     e_max = zones.est_ids.shape[1]
     per, num_splits = estimate_layout(e_max)
     _ESTIMATED[(rows, num_splits)](
-        logits, sizes, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
+        weights, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
         num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
         DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
+        num_stages=_ESTIMATE_STAGES,
     )
 
 

@@ -7,6 +7,8 @@ logits beside them, so the score kernel only reads what it ranks.
 
 The score kernel also runs the first pass of the radix select of
 :mod:`vecstore.executor.wave_select` over the scores it writes, saving a read and a launch.
+The estimation zone reads the logits as weights ``logit + log n_j`` (the logits kernel
+writes them beside the ranking logits), so it needs no cluster sizes of its own.
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g``.
 """
 
@@ -23,13 +25,14 @@ __all__ = ["LOGITS", "SCORE"]
 
 
 def _logits_kernel(
-    q_ptr, c_ptr, n_ptr, r_ptr, logits_ptr, rank_ptr, pmax_ptr, psum_ptr, C, split_len,
+    q_ptr, c_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C, split_len,
     num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr, RADIUS: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
-    # read once per group), -inf for empty clusters; with RADIUS the ranking logits too; and
-    # each head's max and sum of exp of the ranking logits
+    # read once per group), -inf for empty clusters: the ranking logits (with RADIUS plus
+    # the radius term), the estimation weights logit + log size, and each head's max and sum
+    # of exp of the ranking logits
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, False)
     qf = q.to(tl.float32)
@@ -46,12 +49,16 @@ def _logits_kernel(
         lg = centroid_logits(q, c_ptr, n_ptr, row, C, offs_c, c_mask, c_mask[:, None], offs_d,
                              scale, D, None, DOT_F32)  # None: Triton's default dot precision
         out_mask = g_mask[:, None] & c_mask[None, :]
-        tl.store(logits_ptr + qrows[:, None] * C + offs_c[None, :], lg, mask=out_mask)
+        out = qrows[:, None] * C + offs_c[None, :]
+        n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=1)
+        # an empty cluster's logit is already -inf
+        tl.store(weight_ptr + out, lg + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :],
+                 mask=out_mask)
         rl = lg
         if RADIUS:
             r = tl.load(r_ptr + row * C + offs_c, mask=c_mask, other=0.0)
             rl = lg + rscale * qn[:, None] * r[None, :]
-            tl.store(rank_ptr + qrows[:, None] * C + offs_c[None, :], rl, mask=out_mask)
+        tl.store(rank_ptr + out, rl, mask=out_mask)
         m_i, s_i = sum_exp_step(rl, m_i, s_i)
     tl.store(pmax_ptr + qrows * num_splits + split, m_i, mask=g_mask)
     tl.store(psum_ptr + qrows * num_splits + split, s_i, mask=g_mask)
@@ -82,7 +89,7 @@ def _score_kernel(
 
 
 LOGITS = LazyKernel(_logits_kernel)
-"""Grid ``(rows, splits)``: logits (and ranking logits) ``[rows * G, C]``, per-split max /
-sum of exp."""
+"""Grid ``(rows, splits)``: ranking logits and estimation weights ``[rows * G, C]``,
+per-split max / sum of exp."""
 SCORE = LazyKernel(_score_kernel)
 """Grid ``(rows, chunks)``: score ``[rows, C]`` and the counts of radix pass 0."""

@@ -22,13 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.executor.wave_radix import (
-    RADIX_BITS,
-    RADIX_PASSES,
-    radix_keys,
-    radix_threshold,
-    radix_thresholds,
-)
+from vecstore.executor.wave_radix import RADIX_BITS, RADIX_PASSES, radix_keys, radix_thresholds
 from vecstore.executor.wave_rank import LOGITS, SCORE
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot
 
@@ -48,19 +42,20 @@ _LOGITS_WARPS = 4
 _LOGITS_STAGES = 2
 
 
-def _zone_stats_kernel(
-    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, C, NCHUNK,
-    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-):
+@triton.jit
+def _thresholds(thr_ptr, row):
+    # the row's two thresholds as uint32 keys (radix_thresholds wrote their bits)
+    th1 = tl.load(thr_ptr + row * 2).to(tl.uint32, bitcast=True)
+    th2 = tl.load(thr_ptr + row * 2 + 1).to(tl.uint32, bitcast=True)
+    return th1, th2
+
+
+def _zone_stats_kernel(score_ptr, sizes_ptr, thr_ptr, stats_ptr, C, NCHUNK, BLOCK: tl.constexpr):
     # per chunk, threshold w at [6w, 6w + 6): [gt, gt real, eq, eq real, rows gt real, rows eq
     # real] (real: not empty)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    k1 = tl.load(k1_ptr + row)
-    k2 = tl.load(k2_ptr + row)
-    hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
-    th1, _ = radix_threshold(hist, k1, PASSES, BITS)
-    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), k2, PASSES, BITS)
+    th1, th2 = _thresholds(thr_ptr, row)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
     s = tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan"))
@@ -117,20 +112,18 @@ def _chunk_takes(score_ptr, sizes_ptr, stats_ptr, row, C, NCHUNK, th, k, ch, cm,
 
 
 def _zone_scan_kernel(
-    score_ptr, sizes_ptr, k1_ptr, k2_ptr, counts_ptr, stats_ptr, bases_ptr, cum_ptr,
+    score_ptr, sizes_ptr, k1_ptr, k2_ptr, thr_ptr, stats_ptr, bases_ptr, cum_ptr,
     count_ptr, est_count_ptr, C, NCHUNK, R_MAX,
-    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr,
 ):
     # per row: where each chunk's retrieved clusters start (ids and rows), its estimated
     # ones, and the ranks of the threshold ties before it; bases[row, chunk] = [pos, rows,
-    # eq1, eq2, estimated pos] and bases[row, NCHUNK] = [ties still to take at threshold 1
-    # and 2, the thresholds]
+    # eq1, eq2, estimated pos] and bases[row, NCHUNK, :2] = ties still to take at threshold
+    # 1 and 2
     row = tl.program_id(0).to(tl.int64)
-    hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
     k1 = tl.load(k1_ptr + row)
     k2 = tl.load(k2_ptr + row)
-    th1, _ = radix_threshold(hist, k1, PASSES, BITS)
-    th2, _ = radix_threshold(hist + PASSES * (1 << BITS), k2, PASSES, BITS)
+    th1, th2 = _thresholds(thr_ptr, row)
     ch = tl.arange(0, BLOCK_CH)
     cm = ch < NCHUNK
     n1, r1, eq1_before, need1 = _chunk_takes(score_ptr, sizes_ptr, stats_ptr, row, C, NCHUNK,
@@ -151,12 +144,20 @@ def _zone_scan_kernel(
     last = bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 5
     tl.store(last + 0, need1)
     tl.store(last + 1, need2)
-    tl.store(last + 2, th1.to(tl.int32, bitcast=True))
-    tl.store(last + 3, th2.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _tie_ranks(eq, seen):
+    # rank of each tie (eq 1) among the row's ties: seen before the chunk, then in id order;
+    # most chunks hold none, and skip the scan
+    rank = tl.zeros_like(eq) + seen
+    if tl.sum(eq, axis=0) > 0:
+        rank = tl.cumsum(eq, axis=0) - eq + seen
+    return rank
 
 
 def _zone_write_kernel(
-    score_ptr, sizes_ptr, starts_ptr, bases_ptr,
+    score_ptr, sizes_ptr, starts_ptr, thr_ptr, bases_ptr,
     zone_ptr, ids_ptr, rstart_ptr, cum_ptr, est_ptr,
     C, NCHUNK, R_MAX, E_MAX,
     BLOCK: tl.constexpr,
@@ -172,16 +173,15 @@ def _zone_write_kernel(
     last = bases_ptr + (row * (NCHUNK + 1) + NCHUNK) * 5
     need1 = tl.load(last + 0)
     need2 = tl.load(last + 1)
-    th1 = tl.load(last + 2).to(tl.uint32, bitcast=True)
-    th2 = tl.load(last + 3).to(tl.uint32, bitcast=True)
+    th1, th2 = _thresholds(thr_ptr, row)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
     key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=float("nan")))
     key = tl.where(valid, key, 0)
     eq1 = ((key == th1) & valid).to(tl.int32)
     eq2 = ((key == th2) & valid).to(tl.int32)
-    rank1 = tl.cumsum(eq1, axis=0) - eq1 + eq1_seen
-    rank2 = tl.cumsum(eq2, axis=0) - eq2 + eq2_seen
+    rank1 = _tie_ranks(eq1, eq1_seen)
+    rank2 = _tie_ranks(eq2, eq2_seen)
     size = tl.load(sizes_ptr + row * C + idx, mask=valid, other=0)
     real = valid & (size > 0)  # empty clusters rank last and are never read
     sel1 = ((key > th1) | ((eq1 > 0) & (rank1 < need1))) & real
@@ -189,16 +189,19 @@ def _zone_write_kernel(
     zone = tl.where(sel1, 1, tl.where(sel2, 2, 0)).to(tl.int8)
     tl.store(zone_ptr + row * C + idx, zone, mask=valid)
     first = tl.load(starts_ptr + row * C + idx, mask=valid, other=0)
-    s1 = sel1.to(tl.int32)
-    pos = tl.cumsum(s1, axis=0) - s1 + taken
-    take_size = tl.where(sel1, size, 0)
-    run = tl.cumsum(take_size, axis=0) - take_size + rows_taken
+    est = sel2 & ~sel1
+    # one scan for three running sums: retrieved ids, estimated ids (11 bits each: a chunk
+    # holds at most 1024) and retrieved rows
+    tl.static_assert(BLOCK <= 1024)
+    packed = (sel1.to(tl.int64) | (est.to(tl.int64) << 11)
+              | (tl.where(sel1, size, 0).to(tl.int64) << 22))
+    before = tl.cumsum(packed, axis=0) - packed
+    pos = (before & 2047).to(tl.int32) + taken
+    epos = ((before >> 11) & 2047).to(tl.int32) + est_taken
+    run = (before >> 22).to(tl.int32) + rows_taken
     tl.store(ids_ptr + row * R_MAX + pos, idx, mask=sel1)
     tl.store(rstart_ptr + row * R_MAX + pos, first, mask=sel1)
     tl.store(cum_ptr + row * (R_MAX + 1) + pos, run, mask=sel1)
-    est = sel2 & (s1 == 0)
-    s2 = est.to(tl.int32)
-    epos = tl.cumsum(s2, axis=0) - s2 + est_taken
     tl.store(est_ptr + row * E_MAX + epos, idx, mask=est & (epos < E_MAX))
 
 
@@ -217,7 +220,7 @@ def _num_sms(device: torch.device) -> int:
 def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
                     k2: torch.Tensor, scale: float, radius_weight: float,
-                    logits: torch.Tensor, out: Zones,
+                    weights: torch.Tensor, out: Zones,
                     scored: torch.cuda.Event | None = None) -> None:
     """Score every cluster and choose the zones (RetroInfer's index probe).
 
@@ -235,8 +238,9 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters.
     radius_weight : float
         Weight of the radius in the ranking logit ``scale * (q . c_j + w * |q| * r_j)``.
-    logits : torch.Tensor
-        ``[rows * G, C]`` float32, written: ``scale * q . c_j``, ``-inf`` for empty clusters.
+    weights : torch.Tensor
+        ``[rows * G, C]`` float32, written: the estimation zone's log weights
+        ``scale * q . c_j + log n_j``, ``-inf`` for empty clusters.
     out : Zones
         Written, as by :func:`select_zones`.
     scored : torch.cuda.Event, optional
@@ -253,9 +257,9 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     psum = torch.empty_like(pmax)
     block_g = max(16, triton.next_power_of_2(group))
     use_radius = radius_weight != 0.0 and radii is not None
-    rank = torch.empty_like(logits) if use_radius else logits
-    r = radii if use_radius else logits  # any pointer; unread without RADIUS
-    LOGITS[(rows, splits)](q, centroids, sizes, r, logits, rank, pmax, psum, num_clusters,
+    rank = torch.empty_like(weights)
+    r = radii if use_radius else weights  # any pointer; unread without RADIUS
+    LOGITS[(rows, splits)](q, centroids, sizes, r, weights, rank, pmax, psum, num_clusters,
                             split_len, splits, scale, scale * radius_weight, G=group, D=dim,
                             BLOCK_G=block_g, BLOCK_C=_BLOCK_LOGITS,
                             DOT_F32=needs_f32_dot(q.dtype), RADIUS=use_radius,
@@ -313,14 +317,14 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     dev = score.device
     stats = torch.empty(rows, nchunk, 12, dtype=torch.int32, device=dev)
     bases = torch.empty(rows, nchunk + 1, 5, dtype=torch.int32, device=dev)
+    thr = torch.empty(rows, 2, dtype=torch.int32, device=dev)
     r_max = out.ids.shape[1]
-    radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
-    radix_thresholds(score, k1, k2, counts, first_pass, block, nchunk)
-    _STATS[(rows, nchunk)](score, sizes, k1, k2, counts, stats, num_clusters, nchunk, **radix)
-    _SCAN[(rows,)](score, sizes, k1, k2, counts, stats, bases, out.cum, out.count,
-                   out.est_count, num_clusters, nchunk, r_max,
-                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)), **radix)
-    _WRITE[(rows, nchunk)](score, sizes, first_row, bases, out.zone, out.ids, out.first_row,
-                           out.cum, out.est_ids, num_clusters, nchunk, r_max,
-                           out.est_ids.shape[1], BLOCK=block)
+    radix_thresholds(score, k1, k2, counts, thr, first_pass, block, nchunk)
+    _STATS[(rows, nchunk)](score, sizes, thr, stats, num_clusters, nchunk, BLOCK=block)
+    _SCAN[(rows,)](score, sizes, k1, k2, thr, stats, bases, out.cum, out.count,
+                   out.est_count, num_clusters, nchunk, r_max, BLOCK=block,
+                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)))
+    _WRITE[(rows, nchunk)](score, sizes, first_row, thr, bases, out.zone, out.ids,
+                           out.first_row, out.cum, out.est_ids, num_clusters,
+                           nchunk, r_max, out.est_ids.shape[1], BLOCK=block)
 
