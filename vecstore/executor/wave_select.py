@@ -16,7 +16,6 @@ Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flat
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +24,7 @@ import triton.language as tl
 
 from vecstore.executor.wave_radix import RADIX_BITS, RADIX_PASSES, radix_keys, radix_thresholds
 from vecstore.executor.wave_rank import LOGITS, SCORE
-from vecstore.kernels._backend import LazyKernel, needs_f32_dot
+from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
 
 if TYPE_CHECKING:
     from vecstore.executor.wave_state import Zones
@@ -212,13 +211,6 @@ _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2  # the interpreter: a few splits, enough to exercise them
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
                     k2: torch.Tensor, scale: float, radius_weight: float,
@@ -252,7 +244,7 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     group = q.shape[0] // rows
     dev = q.device
     blocks = triton.cdiv(num_clusters, _BLOCK_LOGITS)
-    splits = max(1, min(blocks, 64, triton.cdiv(_LOGITS_PER_SM * _num_sms(dev), rows)))
+    splits = max(1, min(blocks, 64, triton.cdiv(_LOGITS_PER_SM * num_sms(dev), rows)))
     split_len = triton.cdiv(blocks, splits) * _BLOCK_LOGITS
     splits = triton.cdiv(num_clusters, split_len)
     pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)

@@ -14,6 +14,7 @@ call compiled ones.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -32,6 +33,7 @@ __all__ = [
     "has_triton",
     "is_interpreted",
     "needs_f32_dot",
+    "num_sms",
     "resolve_backend",
 ]
 
@@ -158,3 +160,12 @@ def group_tiles(group: int, dim: int, dtype: torch.dtype) -> dict[str, Any]:
         "PRECISION": dot_precision(dtype),
         "DOT_F32": needs_f32_dot(dtype),
     }
+
+
+@functools.lru_cache(maxsize=16)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device``; 2 elsewhere (the interpreter: a few
+    programs, enough to exercise grids that loop)."""
+    if device.type != "cuda":
+        return 2
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)

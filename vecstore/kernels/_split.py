@@ -8,13 +8,11 @@ With ``S = 1`` the split kernel writes the final state directly and no combine r
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel
+from vecstore.kernels._backend import LazyKernel, num_sms
 from vecstore.kernels._device import store_merged
 
 __all__ = ["plan_splits", "split_states", "combine_splits", "MAX_SPLITS"]
@@ -24,11 +22,6 @@ MAX_SPLITS = 64
 # target so that tests still exercise several splits on tiny shapes.
 _PROGRAMS_PER_SM = 4
 _INTERPRETER_PROGRAMS = 8
-
-
-@functools.lru_cache(maxsize=16)
-def _num_sms(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def plan_splits(rows: int, length: int, block: int, device: torch.device) -> tuple[int, int]:
@@ -53,7 +46,7 @@ def plan_splits(rows: int, length: int, block: int, device: torch.device) -> tup
         Items per split, a multiple of ``block``; ``num_splits * split_len >= length``.
     """
     if device.type == "cuda":
-        target = _PROGRAMS_PER_SM * _num_sms(device.index or 0)
+        target = _PROGRAMS_PER_SM * num_sms(device)
     else:
         target = _INTERPRETER_PROGRAMS
     blocks = max(1, triton.cdiv(length, block))
