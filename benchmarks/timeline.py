@@ -7,7 +7,14 @@ kernel and its stream, then the step's span, the busy time of each stream and th
 no kernel ran. Offloaded sizes replay the step with drifting queries, the block cache
 warm, as ``decode.py`` does.
 
-    python benchmarks/timeline.py --sizes 8x131072 4x1048576 --offloaded 1x1048576 --out DIR
+    python benchmarks/timeline.py --sizes 8x131072 4x1048576 --out DIR
+    python benchmarks/timeline.py --sizes --offloaded 1x1048576 --out DIR
+
+Give offloaded sizes one process each: their pinned rows stay registered until it exits (a
+second offloaded size in the same process failed with ``cudaErrorAlreadyMapped``). Under the
+profiler the offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps
+without it (synchronised or back to back) and ``decode.py`` did not show; 1 x 1M profiles
+cleanly.
 """
 
 from __future__ import annotations
