@@ -20,10 +20,14 @@ import torch
 
 from vecstore.index.base import IndexView
 
-__all__ = ["Timer", "ceilings", "synthetic_view", "machine", "write_results", "RESULTS"]
+__all__ = ["Timer", "ceilings", "synthetic_view", "machine", "write_results", "RESULTS",
+           "LONG_SLEEP_CYCLES"]
 
 RESULTS = Path(__file__).parent / "results"
 _SLEEP_CYCLES = 100_000  # ~50 us at the H200's ~2 GHz
+# ~0.5 ms: longer than the host takes to launch an offloaded step's graph (about 110 nodes
+# on four streams; the profiler showed ~60 us of it past a 50 us sleep)
+LONG_SLEEP_CYCLES = 1_000_000
 
 
 class Timer:

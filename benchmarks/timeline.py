@@ -9,6 +9,11 @@ warm, as ``decode.py`` does.
 
     python benchmarks/timeline.py --sizes 8x131072 4x1048576 --out DIR
     python benchmarks/timeline.py --sizes --offloaded 1x1048576 --out DIR
+    python benchmarks/timeline.py --sizes 4x1048576 \
+        --set vecstore.executor.wave_exec._PIPELINE_GROUPS=2 --out DIR
+
+``--set`` applies module-level launch constants for the whole run, as a variant of
+``variants.py`` does.
 
 Give offloaded sizes one process each: their pinned rows stay registered until it exits (a
 second offloaded size in the same process failed with ``cudaErrorAlreadyMapped``). Under the
@@ -33,8 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import decode as dec  # noqa: E402
-from benchmarks.common import RESULTS  # noqa: E402
-from benchmarks.variants import parse_size  # noqa: E402
+from benchmarks.common import LONG_SLEEP_CYCLES, RESULTS  # noqa: E402
+from benchmarks.variants import applied, parse_setting, parse_size  # noqa: E402
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 from vecstore.index.base import IndexView  # noqa: E402
 from vecstore.index.wave import WaveIndex  # noqa: E402
@@ -97,7 +102,7 @@ def profiled(make: Step, reps: int) -> list[list[dict]]:
         for _ in range(reps):
             before()
             flush.zero_()
-            torch.cuda._sleep(100_000)
+            torch.cuda._sleep(LONG_SLEEP_CYCLES)
             step()
             torch.cuda.synchronize()
             torch.cuda._sleep(1)
@@ -181,9 +186,21 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", default=["8x131072", "4x1048576"])
     parser.add_argument("--offloaded", nargs="*", default=[])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--set", nargs="*", default=[], metavar="MODULE.ATTR=VALUE",
+                        help="launch constants to apply, as in variants.py")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    try:
+        settings = [parse_setting(s) for s in args.set]
+    except ValueError as exc:
+        parser.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
+    with applied(settings):
+        write_timelines(args)
+
+
+def write_timelines(args: argparse.Namespace) -> None:
+    """Profile every size of ``args`` and write ``timeline.{txt,json}`` under ``args.out``."""
     text, rows = [], []
     for mode, sizes, make in (("gpu", args.sizes, resident_step),
                               ("offloaded", args.offloaded, offloaded_step)):

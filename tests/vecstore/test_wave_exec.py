@@ -156,15 +156,21 @@ def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
         z.zone, z.ids, z.first_row, z.cum, z.count, z.est_ids, z.est_count))))
 
 
-@pytest.mark.parametrize(("offload", "radius_weight", "row_radix_max"),
-                         [(False, 0.5, 8192), (True, 0.5, 8192), (False, 0.0, 8192),
-                          (False, 2.0, 8192), (False, 0.5, 0)])
+@pytest.mark.parametrize(("offload", "radius_weight", "row_radix_max", "groups"),
+                         [(False, 0.5, 8192, 1), (True, 0.5, 8192, 1), (False, 0.0, 8192, 1),
+                          (False, 2.0, 8192, 1), (False, 0.5, 0, 1), (False, 0.5, 8192, 3),
+                          (True, 0.5, 8192, 3)])
 @interpreted
 def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_weight,
-                                                   row_radix_max):
-    from vecstore.executor import wave_radix
+                                                   row_radix_max, groups):
+    from vecstore.executor import wave_exec, wave_radix
 
     monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", row_radix_max)
+    # 4 rows in 3 pipelined groups (1, 1, 2); an offloaded view is served in one group
+    monkeypatch.setattr(wave_exec, "_PIPELINE_GROUPS", groups)
+    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_ROWS", 1)
+    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_SCORES", 0)
+    assert wave_exec.pipeline_groups(4, 1) == groups
     gen = torch.Generator().manual_seed(1)
     cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
         **CFG.to_dict()["index"], "radius_weight": radius_weight}})
@@ -234,8 +240,13 @@ def test_cpu_without_interpreter_uses_reference(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("offload", [False, True])
-def test_gpu_bf16_matches_reference(offload):
+@pytest.mark.parametrize(("offload", "groups"), [(False, 1), (False, 3), (True, 1)])
+def test_gpu_bf16_matches_reference(monkeypatch, offload, groups):
+    from vecstore.executor import wave_exec
+
+    monkeypatch.setattr(wave_exec, "_PIPELINE_GROUPS", groups)
+    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_ROWS", 1)
+    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_SCORES", 0)
     gen = torch.Generator().manual_seed(6)
     index, view, steady, q = _batch(gen, torch.bfloat16, lengths=(20000, 9000), device="cuda")
     if offload:
@@ -260,3 +271,36 @@ def test_gpu_bf16_matches_reference(offload):
         buf = next(iter(ex._prepared.values())).buffer
         buf.bookkeeper.wait()
         assert buf.stats.hits > 0
+
+
+def test_pipeline_groups_only_where_the_selection_is_long():
+    from vecstore.executor.wave_exec import pipeline_groups
+
+    assert pipeline_groups(64, 8192) == 1  # 8 x 128K: 2**19 scores
+    assert pipeline_groups(32, 65536) == 2  # 4 x 1M: 16 rows a group
+    assert pipeline_groups(64, 32768) == 4  # 8 x 512K
+    assert pipeline_groups(512, 65536) == 4
+    assert pipeline_groups(8, 1 << 20) == 1  # fewer than 16 rows a group
+
+
+@pytest.mark.parametrize(("dims", "block"), [(128, 16), (16, 16), (32, 64)])
+@interpreted
+def test_combine_merges_partial_states_by_log_sum_exp(monkeypatch, dims, block):
+    from vecstore.executor import wave_kernels
+
+    monkeypatch.setattr(wave_kernels, "_COMBINE_DIMS", dims)
+    monkeypatch.setattr(wave_kernels, "_COMBINE_BLOCK", block)
+    gen = torch.Generator().manual_seed(9)
+    rows, P, dim = 5, 37, 64
+    out_p = torch.randn(rows, P, dim, generator=gen)
+    lse_p = torch.randn(rows, P, generator=gen) * 4
+    lse_p[0] = float("-inf")  # a row without any state
+    lse_p[1, 5:] = float("-inf")
+    out = torch.empty(rows, dim, dtype=torch.float64)
+    lse = torch.empty(rows)
+    wave_kernels.combine((out_p, lse_p), out, lse)
+    ref_lse = torch.logsumexp(lse_p.double(), 1)
+    ref = (torch.softmax(lse_p.double(), 1).nan_to_num(0.0)[..., None] * out_p.double()).sum(1)
+    assert torch.allclose(out, ref, atol=1e-6)
+    assert torch.allclose(lse[1:].double(), ref_lse[1:], atol=1e-5)
+    assert lse[0] == float("-inf") and not out[0].any()

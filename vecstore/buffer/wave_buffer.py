@@ -129,20 +129,14 @@ class WaveBuffer:
     # -- device work of one step (fixed shapes) ----------------------------------------
     def lookup(self, zones: Zones) -> None:
         """Find each retrieved cluster's slot (-1 = miss) and count hits and misses."""
+        from vecstore.executor.wave_cache import lookup_slots
+
         self._zones = zones
-        valid = self._valid(zones)
-        ids = torch.where(valid, zones.ids, self.num_clusters).long()
-        slot = torch.where(valid, self.slot_of.gather(1, ids), -1)
-        self.slot.copy_(slot)
-        size = (zones.cum[:, 1:] - zones.cum[:, :-1]).masked_fill(~valid, 0)
-        hit = slot >= 0
-        miss = valid & ~hit
-        self._counts += torch.stack([hit.sum(), miss.sum(), (size * hit).sum(),
-                                     (size * miss).sum()])
+        lookup_slots(zones, self.slot_of, self.slot, self._counts)
 
     def fill_hits(self) -> None:
         """Copy hits from their slots into the execution buffer (current stream)."""
-        from vecstore.executor.wave_kernels import copy_clusters
+        from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
         copy_clusters(1, self._zones, self.slot, self.cache_k, self.cache_v, self.exec_k,
@@ -150,7 +144,7 @@ class WaveBuffer:
 
     def fill_misses(self) -> None:
         """Copy misses from host memory into the execution buffer, on the copy stream."""
-        from vecstore.executor.wave_kernels import copy_clusters
+        from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
         if self.copy_stream is None:
@@ -208,7 +202,7 @@ class WaveBuffer:
     def admit(self) -> None:
         """Copy the misses given a slot by :meth:`plan_admission` from the execution buffer
         into the cache (after :meth:`wait_misses`: the rows must have arrived)."""
-        from vecstore.executor.wave_kernels import copy_clusters
+        from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
         copy_clusters(2, self._zones, self.admitted, self.exec_k, self.exec_v, self.cache_k,

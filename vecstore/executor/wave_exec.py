@@ -5,7 +5,8 @@ sequences or heads):
 
 1. centroid logits, the GQA-summed softmax score of every cluster, and the retrieval and
    estimation zones by radix select, without sorting
-   (:func:`~vecstore.executor.wave_select.rank_and_select`);
+   (:func:`~vecstore.executor.wave_select.centroid_logits`,
+   :func:`~vecstore.executor.wave_select.select_ranked`);
 2. split-K attention over the retrieved rows, and on a side stream the steady zone and the
    estimated clusters, merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
 
@@ -41,6 +42,24 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
+# row groups of a step: each group's selection (latency-bound) and attention run on a stream of
+# their own while the next group's logits (bandwidth-bound) stream the centroids; only where
+# the selection is long (rows x clusters >= 2**21) and groups keep 16 rows or more. H200, one
+# process: 0.417-0.458 against 0.426-0.489 ms at 4 x 1M with 2 groups (4: 0.52), 0.419-0.454
+# against 0.434-0.485 at 8 x 512K with 4, 0.762-0.826 against 0.786-0.885 at 8 x 1M with 4;
+# slower at 8 x 128K (0.160 / 0.166 against 0.150 with 2 / 4) and 1 x 1M (0.214 against 0.175)
+_PIPELINE_GROUPS = 4
+_PIPELINE_MIN_ROWS = 16
+_PIPELINE_MIN_SCORES = 1 << 21
+_SELECT_PRIORITY = 0
+
+
+def pipeline_groups(rows: int, clusters: int) -> int:
+    """Row groups a step over ``rows`` (sequence, KV head) rows of ``clusters`` clusters is
+    pipelined in."""
+    if rows * clusters < _PIPELINE_MIN_SCORES:
+        return 1
+    return max(1, min(_PIPELINE_GROUPS, rows // _PIPELINE_MIN_ROWS))
 
 
 @EXECUTORS.register("wave")
@@ -95,7 +114,8 @@ class WaveExecutor:
         self.slot_tokens = slot_tokens
         self.simulate_offload = simulate_offload
         self.use_graphs = use_graphs
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._streams: dict[tuple[torch.device, int],
+                           tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
@@ -213,13 +233,15 @@ class WaveExecutor:
 
         Only device work of fixed shapes for fixed inputs (the steady capacity included),
         so the whole call can be captured in a CUDA graph; an offloaded view's
-        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it. On CUDA a side stream
-        attends the steady zone once the clusters are scored, next to the zone selection
-        (compute-bound), then the estimated zone next to the retrieved one (the two read
-        different bytes, so together they keep more of HBM busy than one after the other).
-        H200, whole steps: 155 us against 159 at 8 x 128K with the steady zone next to the
-        scoring; 465 against 497 at 8 x 512K since the estimated zone moved (and the row
-        map was tiled).
+        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it.
+
+        On CUDA the rows are served in :func:`pipeline_groups` groups: the current stream
+        computes every group's centroid logits one after the other (bandwidth-bound), and
+        each group's selection (latency-bound) and attention run on a stream of their own
+        as soon as its logits are written, next to the following groups' logits. In a
+        group, a side stream attends the estimated zone next to the retrieved one (they
+        read different bytes); the first group's side stream also attends the steady zone
+        next to its selection.
         """
         # triton is imported here, not at module import: it is an optional dependency
         from vecstore.executor.wave_kernels import (
@@ -232,10 +254,11 @@ class WaveExecutor:
             retrieved_layout,
             steady_splits,
         )
-        from vecstore.executor.wave_select import rank_and_select
+        from vecstore.executor.wave_select import centroid_logits, select_ranked
 
         B, Hq, D = q.shape
         rows, C = prep.sizes.shape
+        G = B * Hq // rows
         dev = q.device
         _, n_ret = retrieved_layout(prep.max_rows)
         n_std = steady_splits(steady.keys.shape[2])
@@ -244,52 +267,79 @@ class WaveExecutor:
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
         qf = q.reshape(B * Hq, D).contiguous()
-        side = main = scored = None
-        if dev.type == "cuda":
-            main = torch.cuda.current_stream(dev)
-            side = self._side_stream(dev)
-            scored = torch.cuda.Event()
-        else:
-            attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts, n_ret)
+        qs = qf.to(prep.centroids.dtype)
+        cent = prep.centroids.view(rows, C, D)
         weights = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
-        rank_and_select(qf.to(prep.centroids.dtype), prep.centroids.view(rows, C, D),
-                        prep.radii, prep.sizes, prep.first_row, prep.k1, prep.k2, scale,
-                        prep.radius_weight, weights, zones, scored)
-        if side is not None:
-            side.wait_event(scored)  # the steady zone's reads overlap the selection's compute
-            with _on(side):
-                attend_steady(qf, steady.keys, steady.values, steady.lengths, scale, parts,
-                              n_ret)
-            side.wait_stream(main)  # the estimated zone reads other bytes than the retrieved
-        with _on(side):
-            attend_estimated(weights, prep.vmean, zones, parts, n_ret + n_std)
-        buf = prep.buffer
-        if buf is None:
-            rowmap = torch.empty(rows, prep.max_rows, dtype=torch.int32, device=dev)
-            fill_rowmap(zones, rowmap)
-            attend_retrieved(qf, prep.keys, prep.values, zones, rowmap, scale, parts, 0)
-        else:
-            buf.lookup(zones)
-            buf.fill_misses()
-            buf.fill_hits()
-            buf.plan_admission()  # device bookkeeping, while the misses still cross PCIe
-            buf.wait_misses()
-            attend_retrieved(qf, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
-            buf.admit()
-        if side is not None:
-            main.wait_stream(side)
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
-        combine(parts, out, lse)
+        buf = prep.buffer
+        groups = 1 if buf is not None else pipeline_groups(rows, C)
+        main = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+        steady_done = torch.cuda.Event() if main is not None else None
+        joins = []
+        for g in range(groups):
+            r0, r1 = g * rows // groups, (g + 1) * rows // groups
+            x0, x1 = r0 * G, r1 * G
+            radii = prep.radii[r0:r1] if prep.radii is not None else None
+            logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
+                                     prep.radius_weight, weights[x0:x1])
+            sel, side = self._group_streams(dev, g)
+            if sel is not None:
+                sel.wait_stream(main)  # this group's logits; the next group's follow on main
+                joins.append(sel)
+            part = (parts[0][x0:x1], parts[1][x0:x1])
+            z = zones.rows(r0, r1)
+            with _on(sel):
+                if g == 0:  # the steady zone's reads overlap the first group's selection
+                    if side is not None:
+                        side.wait_stream(sel)
+                    with _on(side):
+                        attend_steady(qf, steady.keys, steady.values, steady.lengths, scale,
+                                      parts, n_ret)
+                        if steady_done is not None:
+                            steady_done.record()
+                select_ranked(logits, prep.sizes[r0:r1], prep.first_row[r0:r1],
+                              prep.k1[r0:r1], prep.k2[r0:r1], z)
+                if side is not None:
+                    side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
+                with _on(side):
+                    attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
+                if buf is None:
+                    rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
+                    fill_rowmap(z, rowmap)
+                    attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
+                                     scale, part, 0)
+                else:
+                    buf.lookup(z)
+                    buf.fill_misses()
+                    buf.fill_hits()
+                    buf.plan_admission()  # device bookkeeping, while the misses cross PCIe
+                    buf.wait_misses()
+                    if side is not None:
+                        side.wait_stream(sel)
+                    with _on(side):  # the admission copy next to the retrieved attention
+                        buf.admit()
+                    attend_retrieved(qf[x0:x1], buf.exec_k, buf.exec_v, z, None, scale, part, 0)
+                if sel is not None:
+                    sel.wait_stream(side)
+                    sel.wait_event(steady_done)
+                combine(part, out[x0:x1], lse[x0:x1])
+        for stream in joins:
+            main.wait_stream(stream)
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
 
-    def _side_stream(self, dev: torch.device) -> torch.cuda.Stream:
-        stream = self._streams.get(dev)
-        if stream is None:
-            stream = self._streams[dev] = torch.cuda.Stream(dev)
-        return stream
+    def _group_streams(self, dev: torch.device, group: int,
+                       ) -> tuple[torch.cuda.Stream | None, torch.cuda.Stream | None]:
+        """A row group's selection and side streams (``None`` off CUDA)."""
+        if dev.type != "cuda":
+            return None, None
+        pair = self._streams.get((dev, group))
+        if pair is None:
+            pair = self._streams[(dev, group)] = (
+                torch.cuda.Stream(dev, priority=_SELECT_PRIORITY), torch.cuda.Stream(dev))
+        return pair
 
     def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                 scale: float) -> DecodeResult:

@@ -1,12 +1,11 @@
-"""Triton kernels of the wave executor's attention: the three zones, merged, and block copies.
+"""Triton kernels of the wave executor's attention: the three zones, merged.
 
 ``attend_retrieved`` / ``attend_steady`` / ``attend_estimated`` — split-K flash decoding over
 the retrieved rows (in place through the row map ``fill_rowmap`` writes from the zones of
-:func:`vecstore.executor.wave_select.rank_and_select`, or from a contiguous execution
+:func:`vecstore.executor.wave_select.select_ranked`, or from a contiguous execution
 buffer), over the steady zone, and over the compacted estimated clusters (centroid logits
-plus log size, value means). Each split writes a partial ``(out, lse)``; ``combine`` merges every
-split of a query row by log-sum-exp. ``copy_clusters`` moves whole clusters between the KV
-rows, the execution buffer and the block cache (:class:`vecstore.buffer.WaveBuffer`).
+plus log size, value means). Each split writes a partial ``(out, lse)``; ``combine`` merges
+every split of a query row by log-sum-exp.
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
@@ -19,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
+from vecstore.kernels._backend import LazyKernel, needs_f32_dot
 from vecstore.kernels._device import (
     empty_state,
     load_queries,
@@ -40,7 +39,6 @@ __all__ = [
     "attend_steady",
     "attend_estimated",
     "combine",
-    "copy_clusters",
     "RETRIEVED_SPLIT",
     "STEADY_SPLIT",
     "ESTIMATE_SPLIT",
@@ -63,14 +61,10 @@ _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
 _ESTIMATE_STAGES = 3
-_COPY_BLOCK = 32  # rows per load of the cluster copies
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
-_COPY_WARPS = 4
-# programs per SM copying misses, each looping over clusters: H200, offloaded steps against a
-# program per cluster, 0.555 against 0.691 ms at 1 x 1M (2 per SM 0.661, 4 0.671), 1.745
-# (2 per SM) against 2.025 at 4 x 1M. A program per cluster filled every SM with loads
-# waiting on PCIe, and the hits copy and the admission bookkeeping waited behind them
-_MISS_PROGRAMS_PER_SM = 1
+# the merge: partial outputs per step of its loop, head dims per program
+_COMBINE_BLOCK = 16
+_COMBINE_DIMS = 128
 
 
 @triton.jit
@@ -177,44 +171,6 @@ def _estimated_kernel(
                 split_base + split, num_parts, m_i, l_i, acc, D)
 
 
-def _copy_kernel(
-    cum_ptr, count_ptr, slot_ptr, src_start_ptr,
-    src_k_ptr, src_v_ptr, dst_k_ptr, dst_v_ptr,
-    R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,
-    MODE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    # MODE 0: misses, source rows -> execution buffer; MODE 1: hits, cache slot -> execution
-    # buffer; MODE 2: admitted misses, execution buffer -> cache slot. Program j of a row
-    # copies clusters j, j + programs, ... of it
-    row = tl.program_id(0).to(tl.int64)
-    count = tl.load(count_ptr + row)
-    offs_d = tl.arange(0, D)
-    for i in range(tl.program_id(1), count, tl.num_programs(1)):
-        slot = tl.load(slot_ptr + row * R_MAX + i)
-        p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i)
-        n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1) - p0
-        go = slot < 0 if MODE == 0 else slot >= 0
-        if go:
-            if MODE == 0:
-                src0 = row * SRC_ROWS + tl.load(src_start_ptr + row * R_MAX + i)
-                dst0 = row * DST_ROWS + p0
-            elif MODE == 1:
-                src0 = (row * (SRC_ROWS // SLOT_T) + slot) * SLOT_T
-                dst0 = row * DST_ROWS + p0
-            else:
-                src0 = row * SRC_ROWS + p0
-                dst0 = (row * (DST_ROWS // SLOT_T) + slot) * SLOT_T
-            for j in range(0, n, BLOCK_N):
-                offs = j + tl.arange(0, BLOCK_N)
-                m = offs < n
-                so = (src0 + offs)[:, None] * D + offs_d[None, :]
-                do = (dst0 + offs)[:, None] * D + offs_d[None, :]
-                k = tl.load(src_k_ptr + so, mask=m[:, None])  # both loads in flight at once
-                v = tl.load(src_v_ptr + so, mask=m[:, None])
-                tl.store(dst_k_ptr + do, k, mask=m[:, None])
-                tl.store(dst_v_ptr + do, v, mask=m[:, None])
-
-
 def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
                    BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr):
     # execution position -> KV row for BLOCK_I retrieved clusters of a row at once, a
@@ -234,34 +190,38 @@ def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
 
 
 def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
-                    D: tl.constexpr, BLOCK_P: tl.constexpr):
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+                    BLOCK_P: tl.constexpr):
+    # head dims [d0, d0 + BLOCK_D) of a query row: the largest log-sum-exp BLOCK_L parts at a
+    # time (one load for P up to BLOCK_L), then the partial outputs merged BLOCK_P at a time
     row = tl.program_id(0).to(tl.int64)
-    offs_p = tl.arange(0, BLOCK_P)
-    offs_d = tl.arange(0, D)
-    m = tl.full([BLOCK_P], float("-inf"), tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        lp = tl.load(part_lse_ptr + row * P + p0 + offs_p, mask=p0 + offs_p < P,
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_l = tl.arange(0, BLOCK_L)
+    m = tl.full([BLOCK_L], float("-inf"), tl.float32)
+    for p0 in range(0, P, BLOCK_L):
+        lp = tl.load(part_lse_ptr + row * P + p0 + offs_l, mask=p0 + offs_l < P,
                      other=float("-inf"))
         m = tl.maximum(m, lp)
     mx = tl.max(m, axis=0)
     m_safe = tl.where(mx == float("-inf"), 0.0, mx)
-    acc = tl.zeros([D], tl.float32)
+    offs_p = tl.arange(0, BLOCK_P)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     den = tl.zeros([BLOCK_P], tl.float32)
     for p0 in range(0, P, BLOCK_P):
         pm = p0 + offs_p < P
-        lp = tl.load(part_lse_ptr + row * P + p0 + offs_p, mask=pm, other=float("-inf"))
-        w = tl.exp(lp - m_safe)
+        w = tl.exp(tl.load(part_lse_ptr + row * P + p0 + offs_p, mask=pm, other=float("-inf"))
+                   - m_safe)
         o = tl.load(part_out_ptr + (row * P + p0 + offs_p)[:, None] * D + offs_d[None, :],
                     mask=pm[:, None], other=0.0)
         acc += tl.sum(w[:, None] * o, axis=0)
         den += w
+    # every head-dim block of the row stores the same lse
     store_merged(out_ptr, lse_ptr, row, offs_d, None, acc, tl.sum(den, axis=0), m_safe, D)
 
 
 _RETRIEVED = LazyKernel(_retrieved_kernel)
 _STEADY = LazyKernel(_steady_kernel)
 _ESTIMATED = LazyKernel(_estimated_kernel)
-_COPY = LazyKernel(_copy_kernel)
 _COMBINE = LazyKernel(_combine_kernel)
 _ROWMAP = LazyKernel(_rowmap_kernel)
 
@@ -340,7 +300,7 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
                      parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
     """Partial states of the estimated clusters (``zones.est_ids``): log weights
     ``logit + log size`` ``[rows * G, C]`` float32 (as
-    :func:`~vecstore.executor.wave_select.rank_and_select` writes them), value means
+    :func:`~vecstore.executor.wave_select.centroid_logits` writes them), value means
     ``vmean [rows, C, D]``."""
     rows, num_clusters, dim = vmean.shape
     group = weights.shape[0] // rows
@@ -360,29 +320,7 @@ def combine(parts: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
     """Merge every partial state of a query row: ``out [rows * G, D]`` (any float dtype) and
     ``lse [rows * G]`` float32, written in place."""
     qrows, num_parts, dim = parts[0].shape
-    _COMBINE[(qrows,)](parts[0], parts[1], out, lse, num_parts, D=dim, BLOCK_P=16)
-
-
-def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, src_k: torch.Tensor,
-                  src_v: torch.Tensor, dst_k: torch.Tensor, dst_v: torch.Tensor,
-                  slot_tokens: int) -> None:
-    """Move whole retrieved clusters between the tiers: a program per cluster, except for
-    misses, which ``_MISS_PROGRAMS_PER_SM`` programs per SM copy in turn (so the loads waiting
-    on PCIe leave SMs to the hits copy and the bookkeeping).
-
-    ``mode`` 0 copies misses (``slot < 0``) from the KV rows ``src [rows, N, D]`` (GPU or
-    pinned host memory, read zero-copy) to the execution buffer ``dst [rows, M, D]``; 1
-    copies hits (``slot >= 0``) from the cache ``src [rows, S * T, D]`` to the execution
-    buffer; 2 copies clusters given a slot from the execution buffer ``src`` to the cache
-    ``dst``. ``slot`` is ``[rows, R]`` int32.
-    """
-    rows, r_max = zones.ids.shape
-    programs = r_max
-    if mode == 0:
-        programs = min(r_max, triton.cdiv(_MISS_PROGRAMS_PER_SM * num_sms(zones.ids.device),
-                                          rows))
-    _COPY[(rows, programs)](
-        zones.cum, zones.count, slot, zones.first_row, src_k, src_v, dst_k, dst_v,
-        r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
-        MODE=mode, D=src_k.shape[2], BLOCK_N=_COPY_BLOCK, num_warps=_COPY_WARPS,
-    )
+    block_d = min(dim, _COMBINE_DIMS)
+    _COMBINE[(qrows, dim // block_d)](
+        parts[0], parts[1], out, lse, num_parts, D=dim, BLOCK_D=block_d,
+        BLOCK_L=min(256, max(16, triton.next_power_of_2(num_parts))), BLOCK_P=_COMBINE_BLOCK)

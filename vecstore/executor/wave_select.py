@@ -1,21 +1,22 @@
 """Triton kernels of the wave executor's index probe: rank every cluster, choose the zones.
 
-``rank_and_select`` — centroid logits of the G query heads of each (sequence, KV head) row
-(one ``tl.dot`` per tile, each centroid read once per group), the GQA-summed softmax score
-fused with the first radix pass, then the ``k1``-th and ``k2``-th largest scores by a radix
-select (no sort; :func:`vecstore.executor.wave_radix.radix_thresholds`, which also
-records both thresholds per row), per-chunk counts, one scan per row, and a parallel write
-(one packed scan per chunk) that marks each cluster retrieved
-(rank < k1), estimated (k1 <= rank < k2) or dropped, compacts the retrieved ids with their
-first row and the running sum of their sizes, and the estimated ids. Ties rank by cluster
-id, so the zones are those of a stable top-k (RetroInfer's plan,
-:func:`vecstore.executor.plan.make_plan`).
+``centroid_logits`` — the logits of the G query heads of each (sequence, KV head) row
+(one ``tl.dot`` per tile, each centroid read once per group); ``select_ranked`` — the
+GQA-summed softmax score fused with the first radix pass, then the ``k1``-th and
+``k2``-th largest scores by a radix select (no sort;
+:func:`vecstore.executor.wave_radix.radix_thresholds`, which also records both thresholds
+per row), per-chunk counts, one scan per row, and a parallel write (one packed scan per
+chunk) that marks each cluster retrieved (rank < k1), estimated (k1 <= rank < k2) or
+dropped, compacts the retrieved ids with their first row and the running sum of their
+sizes, and the estimated ids. Ties rank by cluster id, so the zones are those of a stable
+top-k (RetroInfer's plan, :func:`vecstore.executor.plan.make_plan`).
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,7 +30,7 @@ from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
 if TYPE_CHECKING:
     from vecstore.executor.wave_state import Zones
 
-__all__ = ["rank_and_select", "select_zones"]
+__all__ = ["Logits", "centroid_logits", "select_ranked", "select_zones"]
 
 _SELECT_BLOCK = 1024
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
@@ -40,6 +41,9 @@ _BLOCK_LOGITS = 64
 _LOGITS_PER_SM = 8
 _LOGITS_WARPS = 4
 _LOGITS_STAGES = 2
+# splits of a row at most: 0.164 against 0.175 ms at 1 x 1M with 128 instead of 64 (8 rows fill
+# the SMs), the same at 8 x 128K, 4 x 1M, 8 x 1M
+_LOGITS_MAX_SPLITS = 128
 
 
 @triton.jit
@@ -211,12 +215,21 @@ _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
 
 
-def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
-                    sizes: torch.Tensor, first_row: torch.Tensor, k1: torch.Tensor,
-                    k2: torch.Tensor, scale: float, radius_weight: float,
-                    weights: torch.Tensor, out: Zones,
-                    scored: torch.cuda.Event | None = None) -> None:
-    """Score every cluster and choose the zones (RetroInfer's index probe).
+@dataclass(frozen=True, slots=True)
+class Logits:
+    """What :func:`centroid_logits` leaves for :func:`select_ranked`: the ranking logits
+    ``rank [rows * G, C]`` and, per query row and split of the clusters, the running max and
+    sum of their exponentials ``pmax``/``psum [rows * G, splits]`` (float32)."""
+
+    rank: torch.Tensor
+    pmax: torch.Tensor
+    psum: torch.Tensor
+
+
+def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
+                    sizes: torch.Tensor, scale: float, radius_weight: float,
+                    weights: torch.Tensor) -> Logits:
+    """Score every cluster for every query head (the index probe's bandwidth-bound part).
 
     Parameters
     ----------
@@ -226,47 +239,63 @@ def rank_and_select(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``[rows, C, D]``.
     radii : torch.Tensor | None
         ``[rows, C]`` float32 cluster radii; ``None`` ranks by the centroids alone.
-    sizes, first_row : torch.Tensor
+    sizes : torch.Tensor
         ``[rows, C]`` int32.
-    k1, k2 : torch.Tensor
-        ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters.
     radius_weight : float
         Weight of the radius in the ranking logit ``scale * (q . c_j + w * |q| * r_j)``.
     weights : torch.Tensor
         ``[rows * G, C]`` float32, written: the estimation zone's log weights
         ``scale * q . c_j + log n_j``, ``-inf`` for empty clusters.
-    out : Zones
-        Written, as by :func:`select_zones`.
-    scored : torch.cuda.Event, optional
-        Recorded on the current stream once every cluster is scored, before the selection.
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
     dev = q.device
     blocks = triton.cdiv(num_clusters, _BLOCK_LOGITS)
-    splits = max(1, min(blocks, 64, triton.cdiv(_LOGITS_PER_SM * num_sms(dev), rows)))
+    splits = max(1, min(blocks, _LOGITS_MAX_SPLITS,
+                        triton.cdiv(_LOGITS_PER_SM * num_sms(dev), rows)))
     split_len = triton.cdiv(blocks, splits) * _BLOCK_LOGITS
     splits = triton.cdiv(num_clusters, split_len)
     pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)
     psum = torch.empty_like(pmax)
-    block_g = max(16, triton.next_power_of_2(group))
     use_radius = radius_weight != 0.0 and radii is not None
     rank = torch.empty_like(weights)
     r = radii if use_radius else weights  # any pointer; unread without RADIUS
     LOGITS[(rows, splits)](q, centroids, sizes, r, weights, rank, pmax, psum, num_clusters,
                             split_len, splits, scale, scale * radius_weight, G=group, D=dim,
-                            BLOCK_G=block_g, BLOCK_C=_BLOCK_LOGITS,
-                            DOT_F32=needs_f32_dot(q.dtype), RADIUS=use_radius,
-                            num_warps=_LOGITS_WARPS, num_stages=_LOGITS_STAGES)
+                            BLOCK_G=max(16, triton.next_power_of_2(group)),
+                            BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
+                            RADIUS=use_radius, num_warps=_LOGITS_WARPS,
+                            num_stages=_LOGITS_STAGES)
+    return Logits(rank, pmax, psum)
+
+
+def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
+                  k1: torch.Tensor, k2: torch.Tensor, out: Zones) -> None:
+    """The GQA-summed softmax score of every cluster, then the zones, as by
+    :func:`select_zones` (the index probe's latency-bound part).
+
+    Parameters
+    ----------
+    logits : Logits
+        From :func:`centroid_logits`.
+    sizes, first_row : torch.Tensor
+        ``[rows, C]`` int32.
+    k1, k2 : torch.Tensor
+        ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters.
+    out : Zones
+        Written, as by :func:`select_zones`.
+    """
+    rows, num_clusters = sizes.shape
+    group = logits.rank.shape[0] // rows
+    splits = logits.pmax.shape[1]
+    dev = sizes.device
     score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
     block, nchunk = _select_grid(num_clusters)
     counts = _radix_counts(rows, dev)
-    SCORE[(rows, nchunk)](rank, pmax, psum, score, counts, num_clusters, splits, G=group,
-                           BLOCK_G=triton.next_power_of_2(group),
+    SCORE[(rows, nchunk)](logits.rank, logits.pmax, logits.psum, score, counts, num_clusters,
+                           splits, G=group, BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
                            BITS=RADIX_BITS, BLOCK=block)
-    if scored is not None:
-        scored.record()
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 

@@ -45,6 +45,10 @@ class Zones:
     est_ids: torch.Tensor
     est_count: torch.Tensor
 
+    def rows(self, start: int, stop: int) -> Zones:
+        """The zones of rows ``start:stop`` (views: writing them writes these)."""
+        return Zones(*(getattr(self, f)[start:stop] for f in Zones.__slots__))
+
     @staticmethod
     def empty(rows: int, num_clusters: int, r_max: int, device: torch.device,
               e_max: int = 0) -> Zones:

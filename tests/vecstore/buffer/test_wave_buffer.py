@@ -83,9 +83,13 @@ def test_execution_buffer_cache_and_admission():
             assert int(buf.slot_of[r, 0]) == -1  # the oversized cluster is never cached
     st = buf.stats
     assert st.hits + st.misses == sum(len(i) for step in steps for i in step)
+    assert st.hit_rows + st.miss_rows == sum(int(sizes[r, c]) for step in steps
+                                             for r, ids in enumerate(step) for c in ids)
     # step 2: 3, 5 and 2 hit; step 3: 3, 5 and 2 again (1 was evicted for 4, 6, 8; 0 is
     # too large to cache)
     assert st.hits == 6
+    assert st.hit_rows == sum(int(sizes[r, c]) for r, ids in enumerate([[3, 5], [2]])
+                              for c in ids) * 2
     buf.close()
 
 
