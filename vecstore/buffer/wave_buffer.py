@@ -160,10 +160,10 @@ class WaveBuffer:
             self._misses_done.record(self.copy_stream)
 
     def wait_misses(self) -> None:
-        """Make the current stream wait for :meth:`fill_misses`."""
+        """Make the current stream wait for the step's :meth:`fill_misses` (any number of
+        streams may wait)."""
         if self._misses_done is not None:
             torch.cuda.current_stream(self.device).wait_event(self._misses_done)
-            self._misses_done = None
 
     def plan_admission(self) -> None:
         """Give misses the next usable victim slots (device bookkeeping only).

@@ -318,12 +318,15 @@ class WaveExecutor:
                     buf.lookup(z)
                     buf.fill_misses()
                     buf.fill_hits()
-                    buf.plan_admission()  # device bookkeeping, while the misses cross PCIe
-                    buf.wait_misses()
                     if side is not None:
                         side.wait_stream(sel)
-                    with _on(side):  # the admission copy next to the retrieved attention
+                    # the admission on the side stream: its bookkeeping while the misses cross
+                    # PCIe, its copy next to the retrieved attention
+                    with _on(side):
+                        buf.plan_admission()
+                        buf.wait_misses()
                         buf.admit()
+                    buf.wait_misses()
                     attend_retrieved(qf[x0:x1], buf.exec_k, buf.exec_v, z, None, scale, part, 0)
                 if sel is not None:
                     sel.wait_stream(side)
