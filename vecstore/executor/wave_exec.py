@@ -118,8 +118,7 @@ class WaveExecutor:
         self.slot_tokens = slot_tokens
         self.simulate_offload = simulate_offload
         self.use_graphs = use_graphs
-        self._streams: dict[tuple[torch.device, int],
-                           tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
+        self._streams: dict[tuple[torch.device, str, int], torch.cuda.Stream] = {}
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
@@ -288,7 +287,7 @@ class WaveExecutor:
             radii = prep.radii[r0:r1] if prep.radii is not None else None
             logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
                                      prep.radius_weight, weights[x0:x1])
-            sel, side = self._group_streams(dev, g)
+            sel, side = self._stream(dev, "select", g), self._stream(dev, "side", g)
             if sel is not None:
                 sel.wait_stream(main)  # this group's logits; the next group's follow on main
                 joins.append(sel)
@@ -316,18 +315,23 @@ class WaveExecutor:
                                      scale, part, 0)
                 else:
                     buf.lookup(z)
+                    admit = self._stream(dev, "admit")
+                    if admit is not None:
+                        admit.wait_stream(sel)
+                    # the admission on a stream of its own: its bookkeeping (it reads the
+                    # lookup, and hits never lose their slots) while the hits and misses are
+                    # copied, its copy next to the retrieved attention
+                    with _on(admit):
+                        buf.plan_admission()
                     buf.fill_misses()
                     buf.fill_hits()
-                    if side is not None:
-                        side.wait_stream(sel)
-                    # the admission on the side stream: its bookkeeping while the misses cross
-                    # PCIe, its copy next to the retrieved attention
-                    with _on(side):
-                        buf.plan_admission()
+                    buf.wait_misses()
+                    with _on(admit):
                         buf.wait_misses()
                         buf.admit()
-                    buf.wait_misses()
                     attend_retrieved(qf[x0:x1], buf.exec_k, buf.exec_v, z, None, scale, part, 0)
+                    if admit is not None:
+                        sel.wait_stream(admit)
                 if sel is not None:
                     sel.wait_stream(side)
                     sel.wait_event(steady_done)
@@ -337,16 +341,19 @@ class WaveExecutor:
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
 
-    def _group_streams(self, dev: torch.device, group: int,
-                       ) -> tuple[torch.cuda.Stream | None, torch.cuda.Stream | None]:
-        """A row group's selection and side streams (``None`` off CUDA)."""
+    def _stream(self, dev: torch.device, role: str, group: int = 0,
+                ) -> torch.cuda.Stream | None:
+        """Row group ``group``'s stream for ``role`` (``select``: its selection and retrieved
+        attention; ``side``: its estimated zone; ``admit``: an offloaded view's admission),
+        ``None`` off CUDA."""
         if dev.type != "cuda":
-            return None, None
-        pair = self._streams.get((dev, group))
-        if pair is None:
-            pair = self._streams[(dev, group)] = (
-                torch.cuda.Stream(dev, priority=_SELECT_PRIORITY), torch.cuda.Stream(dev))
-        return pair
+            return None
+        key = (dev, role, group)
+        stream = self._streams.get(key)
+        if stream is None:
+            priority = _SELECT_PRIORITY if role == "select" else 0
+            stream = self._streams[key] = torch.cuda.Stream(dev, priority=priority)
+        return stream
 
     def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                 scale: float) -> DecodeResult:
