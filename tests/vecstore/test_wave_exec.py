@@ -277,10 +277,10 @@ def test_pipeline_groups_only_where_the_selection_is_long():
     from vecstore.executor.wave_exec import pipeline_groups
 
     assert pipeline_groups(64, 8192) == 1  # 8 x 128K: 2**19 scores
-    assert pipeline_groups(32, 65536) == 2  # 4 x 1M: 16 rows a group
-    assert pipeline_groups(64, 32768) == 4  # 8 x 512K
-    assert pipeline_groups(512, 65536) == 4
-    assert pipeline_groups(8, 1 << 20) == 1  # fewer than 16 rows a group
+    assert pipeline_groups(256, 8192) == 4  # 32 x 128K: 64 rows a group
+    assert pipeline_groups(128, 16384) == 2
+    assert pipeline_groups(64, 65536) == 1  # 8 x 1M: fewer than 64 rows a group
+    assert pipeline_groups(32, 1 << 20) == 1
 
 
 @pytest.mark.parametrize(("dims", "block"), [(128, 16), (16, 16), (32, 64)])

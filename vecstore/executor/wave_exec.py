@@ -43,17 +43,18 @@ __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
 # row groups of a step: each group's selection (latency-bound) and attention run on a stream of
-# their own while the next group's logits (bandwidth-bound) stream the centroids; only where
-# the selection is long (rows x clusters >= 2**21) and groups keep 16 rows or more. H200, one
-# process, against one group: 0.417 against 0.426 ms at 4 x 1M (2 groups; 4: 0.52), 0.414
-# against 0.434 at 8 x 512K (4), 0.763 against 0.790 at 8 x 1M (4), 0.439 against 0.500 at
-# 32 x 128K (4); slower at 8 x 128K (0.160 / 0.166 against 0.150 with 2 / 4) and 1 x 1M (0.214
-# against 0.175 with 2). Captures differ: one of eight pipelined graphs at 8 x 512K took 0.468
+# their own while the next group's logits (bandwidth-bound) stream the centroids. H200, whole
+# steps against one group: 32 x 128K 0.439-0.488 against 0.500 ms in six captures of 4
+# groups. At 512K and 1M the groups gained on average nothing and varied from capture to
+# capture (8 x 512K 0.413-0.491 against 0.434, 4 x 1M 0.416-0.443 against 0.426, 8 x 1M
+# 0.763-0.878 against 0.787-0.791): the selection of one group, starved of SMs by the next
+# group's logits and the previous group's attention, ran 2-3x slower. So groups of at least
+# 64 rows, and only where the selection is long (rows x clusters >= 2**21)
 _PIPELINE_GROUPS = 4
-_PIPELINE_MIN_ROWS = 16
+_PIPELINE_MIN_ROWS = 64
 _PIPELINE_MIN_SCORES = 1 << 21
 # priority of the selection streams: -1 (high) measured 0.152 against 0.164 ms at 1 x 1M but
-# 0.425-0.431 against 0.417 at 4 x 1M and 0.459-0.467 against 0.439 at 32 x 128K; the
+# 0.425-0.431 against 0.417 at 4 x 1M (2 groups) and 0.459-0.467 against 0.439 at 32 x 128K; the
 # offloaded step at 1 x 1M 0.412 against 0.404
 _SELECT_PRIORITY = 0
 
