@@ -68,8 +68,7 @@ def radix_digit(h, above, k, PASS: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def radix_threshold(hist_ptr, k, PASSES: tl.constexpr, BITS: tl.constexpr):
     # the k-th largest key after PASSES passes (exact once all have run), from the
-    # histograms hist[p, digit] of the keys matching the prefix of the passes before; and
-    # how many keys rank above that prefix
+    # histograms hist[p, digit] of the keys matching the prefix of the passes before
     bins = tl.arange(0, 1 << BITS)
     t = tl.zeros([1], tl.uint32)
     above = tl.zeros([1], tl.int32)
@@ -77,7 +76,7 @@ def radix_threshold(hist_ptr, k, PASSES: tl.constexpr, BITS: tl.constexpr):
         h = tl.load(hist_ptr + p * (1 << BITS) + bins)[None, :]
         d, above = radix_digit(h, above, k, p, BITS)
         t = t | d
-    return tl.sum(t, axis=0), tl.sum(above, axis=0)
+    return tl.sum(t, axis=0)
 
 
 @triton.jit
@@ -126,8 +125,8 @@ def _radix_pass_kernel(
     chunk = tl.program_id(1)
     h1 = counts_ptr + (row * 2 + 0) * PASSES * (1 << BITS)
     h2 = counts_ptr + (row * 2 + 1) * PASSES * (1 << BITS)
-    t1, _ = radix_threshold(h1, tl.load(k1_ptr + row), PASS, BITS)
-    t2, _ = radix_threshold(h2, tl.load(k2_ptr + row), PASS, BITS)
+    t1 = radix_threshold(h1, tl.load(k1_ptr + row), PASS, BITS)
+    t2 = radix_threshold(h2, tl.load(k2_ptr + row), PASS, BITS)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
     key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
@@ -184,7 +183,7 @@ def _radix_compact_kernel(
     for w in tl.static_range(2):
         k = tl.load(k1_ptr + row) if w == 0 else tl.load(k2_ptr + row)
         hist = counts_ptr + (row * 2 + w) * PASSES * (1 << BITS)
-        t, _ = radix_threshold(hist, k, KEPT, BITS)
+        t = radix_threshold(hist, k, KEPT, BITS)
         match = valid & ((key >> hi) == (t >> hi))
         m = match.to(tl.int32)
         base = tl.atomic_add(ncand_ptr + row * 2 + w, tl.sum(m, axis=0))
