@@ -10,7 +10,7 @@ warm, as ``decode.py`` does.
     python benchmarks/timeline.py --sizes 8x131072 4x1048576 --out DIR
     python benchmarks/timeline.py --sizes --offloaded 1x1048576 --out DIR
     python benchmarks/timeline.py --sizes 4x1048576 \
-        --set vecstore.executor.wave_exec._PIPELINE_GROUPS=2 --out DIR
+        --set vecstore.executor.wave_streams._PIPELINE_GROUPS=2 --out DIR
 
 ``--set`` applies module-level launch constants for the whole run, as a variant of
 ``variants.py`` does.

@@ -163,14 +163,14 @@ def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
 @interpreted
 def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_weight,
                                                    row_radix_max, groups):
-    from vecstore.executor import wave_exec, wave_radix
+    from vecstore.executor import wave_radix, wave_streams
 
     monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", row_radix_max)
     # 4 rows in 3 pipelined groups (1, 1, 2); an offloaded view is served in one group
-    monkeypatch.setattr(wave_exec, "_PIPELINE_GROUPS", groups)
-    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_ROWS", 1)
-    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_SCORES", 0)
-    assert wave_exec.pipeline_groups(4, 1) == groups
+    monkeypatch.setattr(wave_streams, "_PIPELINE_GROUPS", groups)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
+    assert wave_streams.pipeline_groups(4, 1) == groups
     gen = torch.Generator().manual_seed(1)
     cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
         **CFG.to_dict()["index"], "radius_weight": radius_weight}})
@@ -242,11 +242,11 @@ def test_cpu_without_interpreter_uses_reference(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("offload", "groups"), [(False, 1), (False, 3), (True, 1)])
 def test_gpu_bf16_matches_reference(monkeypatch, offload, groups):
-    from vecstore.executor import wave_exec
+    from vecstore.executor import wave_streams
 
-    monkeypatch.setattr(wave_exec, "_PIPELINE_GROUPS", groups)
-    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_ROWS", 1)
-    monkeypatch.setattr(wave_exec, "_PIPELINE_MIN_SCORES", 0)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_GROUPS", groups)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
     gen = torch.Generator().manual_seed(6)
     index, view, steady, q = _batch(gen, torch.bfloat16, lengths=(20000, 9000), device="cuda")
     if offload:
@@ -274,7 +274,7 @@ def test_gpu_bf16_matches_reference(monkeypatch, offload, groups):
 
 
 def test_pipeline_groups_only_where_the_selection_is_long():
-    from vecstore.executor.wave_exec import pipeline_groups
+    from vecstore.executor.wave_streams import pipeline_groups
 
     assert pipeline_groups(64, 8192) == 1  # 8 x 128K: 2**19 scores
     assert pipeline_groups(256, 8192) == 4  # 32 x 128K: 64 rows a group

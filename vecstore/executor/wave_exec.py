@@ -23,7 +23,6 @@ whose plan this executor reproduces: same zones (ties broken by cluster id), sam
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import OrderedDict
 
@@ -34,7 +33,14 @@ from vecstore.config import LayerConfig
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.plan import zone_sizes
 from vecstore.executor.torch_ref import TorchExecutor
-from vecstore.executor.wave_state import CapturedStep, DecodeResult, PreparedView, Zones
+from vecstore.executor.wave_state import (
+    CapturedStep,
+    DecodeResult,
+    PreparedView,
+    Zones,
+    step_stats,
+)
+from vecstore.executor.wave_streams import StreamPool, on, pipeline_groups
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels._backend import is_interpreted, resolve_backend
 from vecstore.types import QueryStats
@@ -42,31 +48,6 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
-# row groups of a step: each group's selection (latency-bound) and attention run on a stream of
-# their own while the next group's logits (bandwidth-bound) stream the centroids. H200, whole
-# steps against one group: 32 x 128K 0.439-0.488 against 0.500 ms in six captures of 4
-# groups. At 512K and 1M the groups gained on average nothing and varied from capture to
-# capture (8 x 512K 0.413-0.491 against 0.434, 4 x 1M 0.416-0.443 against 0.426, 8 x 1M
-# 0.763-0.878 against 0.787-0.791): the selection of one group, starved of SMs by the next
-# group's logits and the previous group's attention, ran 2-3x slower. So groups of at least
-# 64 rows, and only where the selection is long (rows x clusters >= 2**21)
-_PIPELINE_GROUPS = 4
-_PIPELINE_MIN_ROWS = 64
-_PIPELINE_MIN_SCORES = 1 << 21
-# priority of the selection streams: -1 (high) measured 0.152 against 0.164 ms at 1 x 1M but
-# 0.425-0.431 against 0.417 at 4 x 1M (2 groups) and 0.459-0.467 against 0.439 at 32 x 128K; the
-# offloaded step at 1 x 1M 0.412 against 0.404
-_SELECT_PRIORITY = 0
-
-
-def pipeline_groups(rows: int, clusters: int) -> int:
-    """Row groups a step over ``rows`` (sequence, KV head) rows of ``clusters`` clusters is
-    pipelined in."""
-    if rows * clusters < _PIPELINE_MIN_SCORES:
-        return 1
-    return max(1, min(_PIPELINE_GROUPS, rows // _PIPELINE_MIN_ROWS))
-
-
 @EXECUTORS.register("wave")
 class WaveExecutor:
     """Fused decode attention over the wave index; the torch reference for everything else.
@@ -119,7 +100,7 @@ class WaveExecutor:
         self.slot_tokens = slot_tokens
         self.simulate_offload = simulate_offload
         self.use_graphs = use_graphs
-        self._streams: dict[tuple[torch.device, str, int], torch.cuda.Stream] = {}
+        self._streams = StreamPool()
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
@@ -145,7 +126,7 @@ class WaveExecutor:
             res = self.decode(prep, steady, q2, scale)
             if prep.buffer is not None:
                 prep.buffer.finish_step()
-            values = _stats(res, steady.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
+            values = step_stats(res, steady.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
         # read back only when someone reads the stats: the step never waits for the device
         stats = QueryStats.deferred(values)
         # clones: a graph's outputs are overwritten by its next replay
@@ -239,7 +220,8 @@ class WaveExecutor:
         so the whole call can be captured in a CUDA graph; an offloaded view's
         :meth:`WaveBuffer.begin_step`/`finish_step` run outside it.
 
-        On CUDA the rows are served in :func:`pipeline_groups` groups: the current stream
+        On CUDA the rows are served in
+        :func:`~vecstore.executor.wave_streams.pipeline_groups` groups: the current stream
         computes every group's centroid logits one after the other (bandwidth-bound), and
         each group's selection (latency-bound) and attention run on a stream of their own
         as soon as its logits are written, next to the following groups' logits. In a
@@ -288,17 +270,17 @@ class WaveExecutor:
             radii = prep.radii[r0:r1] if prep.radii is not None else None
             logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
                                      prep.radius_weight, weights[x0:x1])
-            sel, side = self._stream(dev, "select", g), self._stream(dev, "side", g)
+            sel, side = self._streams.get(dev, "select", g), self._streams.get(dev, "side", g)
             if sel is not None:
                 sel.wait_stream(main)  # this group's logits; the next group's follow on main
                 joins.append(sel)
             part = (parts[0][x0:x1], parts[1][x0:x1])
             z = zones.rows(r0, r1)
-            with _on(sel):
+            with on(sel):
                 if g == 0:  # the steady zone's reads overlap the first group's selection
                     if side is not None:
                         side.wait_stream(sel)
-                    with _on(side):
+                    with on(side):
                         attend_steady(qf, steady.keys, steady.values, steady.lengths, scale,
                                       parts, n_ret)
                         if steady_done is not None:
@@ -307,7 +289,7 @@ class WaveExecutor:
                               prep.k1[r0:r1], prep.k2[r0:r1], z)
                 if side is not None:
                     side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
-                with _on(side):
+                with on(side):
                     attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
                 if buf is None:
                     rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
@@ -316,18 +298,18 @@ class WaveExecutor:
                                      scale, part, 0)
                 else:
                     buf.lookup(z)
-                    admit = self._stream(dev, "admit")
+                    admit = self._streams.get(dev, "admit")
                     if admit is not None:
                         admit.wait_stream(sel)
                     # the admission on a stream of its own: its bookkeeping (it reads the
                     # lookup, and hits never lose their slots) while the hits and misses are
                     # copied, its copy next to the retrieved attention
-                    with _on(admit):
+                    with on(admit):
                         buf.plan_admission()
                     buf.fill_misses()
                     buf.fill_hits()
                     buf.wait_misses()
-                    with _on(admit):
+                    with on(admit):
                         buf.wait_misses()
                         buf.admit()
                     attend_retrieved(qf[x0:x1], buf.exec_k, buf.exec_v, z, None, scale, part, 0)
@@ -341,20 +323,6 @@ class WaveExecutor:
             main.wait_stream(stream)
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
-
-    def _stream(self, dev: torch.device, role: str, group: int = 0,
-                ) -> torch.cuda.Stream | None:
-        """Row group ``group``'s stream for ``role`` (``select``: its selection and retrieved
-        attention; ``side``: its estimated zone; ``admit``: an offloaded view's admission),
-        ``None`` off CUDA."""
-        if dev.type != "cuda":
-            return None
-        key = (dev, role, group)
-        stream = self._streams.get(key)
-        if stream is None:
-            priority = _SELECT_PRIORITY if role == "select" else 0
-            stream = self._streams[key] = torch.cuda.Stream(dev, priority=priority)
-        return stream
 
     def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                 scale: float) -> DecodeResult:
@@ -401,30 +369,5 @@ class WaveExecutor:
         # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             res = self.decode(prep, static, qs, scale)
-            stats = _stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
+            stats = step_stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
         return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
-
-
-def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
-    """Run the block on ``stream``, or on the current stream when it is ``None`` (CPU)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-
-
-def _stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H: int,
-           ) -> torch.Tensor:
-    """The step's :class:`QueryStats` fields as a float64 ``[5]`` tensor on the device,
-    computed without a host sync: tokens total and exact (per KV head), units retrieved and
-    estimated, and the estimation zone's mean share of the softmax mass (0 when no unit was
-    estimated). ``indexed`` is the view's token count over all rows and heads."""
-    zones = res.zones
-    exact = zones.cum.gather(1, zones.count[:, None].long()).sum()
-    retrieved, estimated = zones.count.sum(), zones.est_count.sum()
-    lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
-    share = torch.exp(lse_e - res.lse.reshape(-1)).nan_to_num(0.0)
-    mass = torch.where(estimated > 0, share.mean().double(), 0.0)
-    steady_rows = steady_lengths.sum().to(exact.device)
-    # float64 arithmetic equals Python's on these integers (all below 2**53); round() and
-    # torch.round both round half to even
-    total = (steady_rows + indexed // H).double()
-    tokens_exact = torch.round((steady_rows * H + exact).double() / H)
-    return torch.stack([total, tokens_exact, retrieved.double(), estimated.double(), mass])

@@ -10,7 +10,7 @@ from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
 
-__all__ = ["Zones", "PreparedView", "DecodeResult", "CapturedStep"]
+__all__ = ["Zones", "PreparedView", "DecodeResult", "CapturedStep", "step_stats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +157,23 @@ class DecodeResult:
     zones: Zones
     parts_lse: torch.Tensor
     num_exact_parts: int
+
+
+def step_stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H: int,
+               ) -> torch.Tensor:
+    """The step's :class:`QueryStats` fields as a float64 ``[5]`` tensor on the device,
+    computed without a host sync: tokens total and exact (per KV head), units retrieved and
+    estimated, and the estimation zone's mean share of the softmax mass (0 when no unit was
+    estimated). ``indexed`` is the view's token count over all rows and heads."""
+    zones = res.zones
+    exact = zones.cum.gather(1, zones.count[:, None].long()).sum()
+    retrieved, estimated = zones.count.sum(), zones.est_count.sum()
+    lse_e = torch.logsumexp(res.parts_lse[:, res.num_exact_parts:], dim=1)
+    share = torch.exp(lse_e - res.lse.reshape(-1)).nan_to_num(0.0)
+    mass = torch.where(estimated > 0, share.mean().double(), 0.0)
+    steady_rows = steady_lengths.sum().to(exact.device)
+    # float64 arithmetic equals Python's on these integers (all below 2**53); round() and
+    # torch.round both round half to even
+    total = (steady_rows + indexed // H).double()
+    tokens_exact = torch.round((steady_rows * H + exact).double() / H)
+    return torch.stack([total, tokens_exact, retrieved.double(), estimated.double(), mass])
