@@ -297,24 +297,7 @@ class WaveExecutor:
                     attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
                                      scale, part, 0)
                 else:
-                    buf.lookup(z)
-                    admit = self._streams.get(dev, "admit")
-                    if admit is not None:
-                        admit.wait_stream(sel)
-                    # the admission on a stream of its own: its bookkeeping (it reads the
-                    # lookup, and hits never lose their slots) while the hits and misses are
-                    # copied, its copy next to the retrieved attention
-                    with on(admit):
-                        buf.plan_admission()
-                    buf.fill_misses()
-                    buf.fill_hits()
-                    buf.wait_misses()
-                    with on(admit):
-                        buf.wait_misses()
-                        buf.admit()
-                    attend_retrieved(qf[x0:x1], buf.exec_k, buf.exec_v, z, None, scale, part, 0)
-                    if admit is not None:
-                        sel.wait_stream(admit)
+                    self._attend_offloaded(buf, z, qf[x0:x1], scale, part)
                 if sel is not None:
                     sel.wait_stream(side)
                     sel.wait_event(steady_done)
@@ -323,6 +306,32 @@ class WaveExecutor:
             main.wait_stream(stream)
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
+
+    def _attend_offloaded(self, buf: WaveBuffer, zones: Zones, q: torch.Tensor, scale: float,
+                          parts: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """The retrieved zone of an offloaded view, on the current stream: the block cache's
+        lookup, hits and misses copied into the execution buffer, attention over it. The
+        admission runs on a stream of its own: its bookkeeping (it reads the lookup, and hits
+        never lose their slots) while the hits and misses are copied, its copy next to the
+        retrieved attention."""
+        from vecstore.executor.wave_kernels import attend_retrieved
+
+        current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
+        admit = self._streams.get(q.device, "admit")
+        buf.lookup(zones)
+        if admit is not None:
+            admit.wait_stream(current)
+        with on(admit):
+            buf.plan_admission()
+        buf.fill_misses()
+        buf.fill_hits()
+        buf.wait_misses()
+        with on(admit):
+            buf.wait_misses()
+            buf.admit()
+        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
+        if admit is not None:
+            current.wait_stream(admit)
 
     def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                 scale: float) -> DecodeResult:
