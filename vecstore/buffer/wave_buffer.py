@@ -172,32 +172,11 @@ class WaveBuffer:
         cluster of this step is in it. It reads no KV, so it runs while
         :meth:`fill_misses` is still copying; :meth:`admit` then moves the rows.
         """
-        zones = self._zones
-        assert zones is not None
-        S, C = self.num_slots, self.num_clusters
-        valid = self._valid(zones)
-        size = zones.cum[:, 1:] - zones.cum[:, :-1]
-        hit = valid & (self.slot >= 0)
-        miss = valid & (self.slot < 0) & (size <= self.slot_tokens)
-        used = torch.zeros(self.rows, S + 1, dtype=torch.bool, device=self.device)
-        used.scatter_(1, torch.where(hit, self.slot, S).long(), True)
-        victims = self.victims.long()
-        usable = ~self.consumed & ~used.gather(1, victims)
-        urank = usable.cumsum(1) - 1
-        free = torch.full((self.rows, S + 1), -1, dtype=torch.int32, device=self.device)
-        free.scatter_(1, torch.where(usable, urank, S), self.victims)
-        mrank = miss.cumsum(1) - 1
-        ok = miss & (mrank < usable.sum(1, keepdim=True))
-        adm = torch.where(ok, free.gather(1, mrank.clamp(0, S - 1)), -1)
-        self.consumed |= usable & (urank < ok.sum(1, keepdim=True))
-        old = torch.where(ok, self.owner.gather(1, adm.clamp_min(0).long()), -1)
-        self.slot_of.scatter_(1, torch.where(old >= 0, old, C).long(), -1)
-        ids = zones.ids
-        self.owner.scatter_(1, torch.where(ok, adm, S).long(), ids)
-        self.slot_of.scatter_(1, torch.where(ok, ids, C).long(), adm)
-        self.slot_of[:, C] = -1
-        self.admitted.copy_(adm)
-        self.evicted.copy_(old)
+        from vecstore.executor.wave_cache import plan_admission
+
+        assert self._zones is not None
+        plan_admission(self._zones, self.slot, self.victims, self.consumed, self.owner,
+                       self.slot_of, self.admitted, self.evicted, self.slot_tokens)
 
     def admit(self) -> None:
         """Copy the misses given a slot by :meth:`plan_admission` from the execution buffer
@@ -247,7 +226,3 @@ class WaveBuffer:
         if self.account is not None:
             self.account.release(self.num_bytes)
             self.account = None
-
-    def _valid(self, zones: Zones) -> torch.Tensor:
-        pos = torch.arange(self.r_max, device=self.device)
-        return pos[None, :] < zones.count[:, None]

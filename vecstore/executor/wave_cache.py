@@ -1,6 +1,6 @@
 """Triton kernels of the wave buffer (:class:`vecstore.buffer.WaveBuffer`): the slot lookup of
-the retrieved clusters, and whole-cluster copies between the KV rows, the execution buffer and
-the block cache.
+the retrieved clusters, the choice of slots for the misses, and whole-cluster copies between
+the KV rows, the execution buffer and the block cache.
 
 Rows are ``b * Hkv + h``; per row, retrieved cluster ``i`` (of ``count``) fills execution rows
 ``cum[i]:cum[i + 1]`` (:class:`vecstore.executor.wave_state.Zones`).
@@ -19,7 +19,7 @@ from vecstore.kernels._backend import LazyKernel, num_sms
 if TYPE_CHECKING:
     from vecstore.executor.wave_state import Zones
 
-__all__ = ["lookup_slots", "copy_clusters"]
+__all__ = ["lookup_slots", "plan_admission", "copy_clusters"]
 
 _COPY_BLOCK = 32  # rows per load of the cluster copies
 _COPY_WARPS = 4
@@ -49,6 +49,75 @@ def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, counts_pt
     tl.atomic_add(counts_ptr + 1, tl.sum(miss.to(tl.int64), axis=0))
     tl.atomic_add(counts_ptr + 2, tl.sum(tl.where(hit, size, 0), axis=0))
     tl.atomic_add(counts_ptr + 3, tl.sum(tl.where(miss, size, 0), axis=0))
+
+
+def _admission_kernel(slot_ptr, cum_ptr, count_ptr, ids_ptr, victims_ptr, consumed_ptr,
+                      owner_ptr, slot_of_ptr, mark_ptr, free_ptr, admitted_ptr, evicted_ptr,
+                      C, S, R_MAX, SLOT_T, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
+    # one row: misses that fit a slot take the next usable slots of the victim list (usable:
+    # not handed out since the list arrived, and held by no hit of the step), in retrieved
+    # order; the slot tables follow. Phases meet through memory, so a barrier between them
+    row = tl.program_id(0).to(tl.int64)
+    count = tl.load(count_ptr + row)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_r = tl.arange(0, BLOCK_R)
+    for j0 in range(0, S, BLOCK_S):  # mark[slot]: held by a hit of the step
+        tl.store(mark_ptr + row * S + j0 + offs_s, 0, mask=j0 + offs_s < S)
+    tl.debug_barrier()
+    for i0 in range(0, R_MAX, BLOCK_R):
+        i = i0 + offs_r
+        s = tl.load(slot_ptr + row * R_MAX + i, mask=i < count, other=-1)
+        tl.store(mark_ptr + row * S + s, 1, mask=(i < count) & (s >= 0))
+    tl.debug_barrier()
+    n_usable = 0
+    for j0 in range(0, S, BLOCK_S):  # the usable slots in victim order: the free list
+        j = j0 + offs_s
+        usable, v = _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j)
+        u = usable.to(tl.int32)
+        tl.store(free_ptr + row * S + n_usable + tl.cumsum(u, axis=0) - u, v, mask=usable)
+        n_usable += tl.sum(u, axis=0)
+    tl.debug_barrier()
+    n_miss = 0
+    for i0 in range(0, R_MAX, BLOCK_R):
+        i = i0 + offs_r
+        inside = i < R_MAX
+        valid = i < count
+        s = tl.load(slot_ptr + row * R_MAX + i, mask=valid, other=0)
+        size = (tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=valid, other=0)
+                - tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=valid, other=0))
+        miss = valid & (s < 0) & (size <= SLOT_T)
+        m = miss.to(tl.int32)
+        rank = n_miss + tl.cumsum(m, axis=0) - m
+        ok = miss & (rank < n_usable)
+        adm = tl.load(free_ptr + row * S + rank, mask=ok, other=-1)
+        old = tl.load(owner_ptr + row * (S + 1) + adm, mask=ok, other=-1)
+        cid = tl.load(ids_ptr + row * R_MAX + i, mask=ok, other=0)
+        # the evicted clusters are cached, the admitted ones are not: no entry is written twice
+        tl.store(slot_of_ptr + row * (C + 1) + old, -1, mask=ok & (old >= 0))
+        tl.store(owner_ptr + row * (S + 1) + adm, cid, mask=ok)
+        tl.store(slot_of_ptr + row * (C + 1) + cid, adm, mask=ok)
+        tl.store(admitted_ptr + row * R_MAX + i, adm, mask=inside)
+        tl.store(evicted_ptr + row * R_MAX + i, old, mask=inside)
+        n_miss += tl.sum(m, axis=0)
+    n_taken = tl.minimum(n_miss, n_usable)
+    n_usable = 0
+    for j0 in range(0, S, BLOCK_S):  # the slots handed out are consumed until a new list
+        j = j0 + offs_s
+        usable, _ = _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j)
+        u = usable.to(tl.int32)
+        taken = usable & (n_usable + tl.cumsum(u, axis=0) - u < n_taken)
+        tl.store(consumed_ptr + row * S + j, 1, mask=taken)
+        n_usable += tl.sum(u, axis=0)
+
+
+@triton.jit
+def _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j):
+    # victim positions j of a row: whether each is usable, and its slot
+    inside = j < S
+    v = tl.load(victims_ptr + row * S + j, mask=inside, other=0)
+    consumed = tl.load(consumed_ptr + row * S + j, mask=inside, other=1).to(tl.int32)
+    held = tl.load(mark_ptr + row * S + v, mask=inside, other=1).to(tl.int32)
+    return inside & (consumed == 0) & (held == 0), v
 
 
 def _copy_kernel(
@@ -90,6 +159,7 @@ def _copy_kernel(
 
 
 _LOOKUP = LazyKernel(_lookup_kernel)
+_ADMISSION = LazyKernel(_admission_kernel)
 _COPY = LazyKernel(_copy_kernel)
 
 
@@ -105,6 +175,30 @@ def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor,
     _LOOKUP[(rows, triton.cdiv(r_max, block))](
         zones.ids, zones.cum, zones.count, slot_of, slot, counts, slot_of.shape[1] - 1, r_max,
         BLOCK=block)
+
+
+def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
+                   consumed: torch.Tensor, owner: torch.Tensor, slot_of: torch.Tensor,
+                   admitted: torch.Tensor, evicted: torch.Tensor, slot_tokens: int) -> None:
+    """Give the step's misses (``slot < 0``, at most ``slot_tokens`` rows) the next usable
+    slots of the victim list ``victims [rows, S]`` and update the slot tables.
+
+    A victim position is usable if ``consumed [rows, S]`` (bool) does not mark it and no hit
+    of the step holds its slot; misses take them in retrieved order while they last. Writes
+    ``admitted``/``evicted [rows, R]`` (the slot given and the cluster it held, -1 for none),
+    ``owner [rows, S + 1]``, ``slot_of [rows, C + 1]`` and marks the positions handed out in
+    ``consumed``. One program per row: a launch, where the torch version took about 20 small
+    ops.
+    """
+    rows, r_max = zones.ids.shape
+    num_slots = victims.shape[1]
+    mark = torch.empty(rows, num_slots, dtype=torch.int8, device=slot.device)
+    free = torch.empty(rows, num_slots, dtype=torch.int32, device=slot.device)
+    _ADMISSION[(rows,)](
+        slot, zones.cum, zones.count, zones.ids, victims, consumed, owner, slot_of, mark, free,
+        admitted, evicted, slot_of.shape[1] - 1, num_slots, r_max, slot_tokens,
+        BLOCK_S=min(1024, max(16, triton.next_power_of_2(num_slots))),
+        BLOCK_R=min(1024, max(16, triton.next_power_of_2(r_max))))
 
 
 def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, src_k: torch.Tensor,
