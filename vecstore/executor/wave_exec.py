@@ -48,7 +48,6 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
-_EST_AFTER_ROWMAP = False
 @EXECUTORS.register("wave")
 class WaveExecutor:
     """Fused decode attention over the wave index; the torch reference for everything else.
@@ -288,17 +287,13 @@ class WaveExecutor:
                             steady_done.record()
                 select_ranked(logits, prep.sizes[r0:r1], prep.first_row[r0:r1],
                               prep.k1[r0:r1], prep.k2[r0:r1], z)
-                if buf is None:
-                    rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
-                    if _EST_AFTER_ROWMAP:
-                        fill_rowmap(z, rowmap)
                 if side is not None:
                     side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
                 with on(side):
                     attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
                 if buf is None:
-                    if not _EST_AFTER_ROWMAP:
-                        fill_rowmap(z, rowmap)
+                    rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
+                    fill_rowmap(z, rowmap)
                     attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
                                      scale, part, 0)
                 else:

@@ -61,6 +61,8 @@ _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
 _ESTIMATE_STAGES = 3
+_EST_PREFETCH = False
+_RET_PREFETCH = False
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 # the merge: partial outputs per step of its loop, head dims per program
 _COMBINE_BLOCK = 16
@@ -99,7 +101,7 @@ def _retrieved_kernel(
     part_out_ptr, part_lse_ptr,
     N, M, R_MAX, scale, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
+    CONTIG: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # execution positions [split * split_len, ...) of the row's retrieved rows: read from a
     # contiguous execution buffer (CONTIG) or, in place, through the row map
@@ -109,11 +111,18 @@ def _retrieved_kernel(
     p0 = split * split_len
     p1 = tl.minimum(p0 + split_len, total)
     m_i, l_i, acc = empty_state(BLOCK_G, D)
+    if PREFETCH and not CONTIG:
+        nxt = p0 + tl.arange(0, BLOCK_N)
+        src_next = tl.load(map_ptr + row * M + nxt, mask=nxt < p1, other=0)
     for p in range(p0, p1, BLOCK_N):
         pos = p + tl.arange(0, BLOCK_N)
         pmask = pos < p1
         if CONTIG:
             src = pos.to(tl.int64)
+        elif PREFETCH:
+            src = src_next.to(tl.int64)
+            nxt = pos + BLOCK_N
+            src_next = tl.load(map_ptr + row * M + nxt, mask=nxt < p1, other=0)
         else:
             src = tl.load(map_ptr + row * M + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = (row * N + src)[:, None] * D + offs_d[None, :]
@@ -149,17 +158,25 @@ def _estimated_kernel(
     weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
     C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # positions [split * split_len, ...) of the row's compacted estimated clusters
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     e0 = split * split_len
     e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
     m_i, l_i, acc = empty_state(BLOCK_G, D)
+    if PREFETCH:
+        nxt = e0 + tl.arange(0, BLOCK_E)
+        idx_next = tl.load(est_ptr + row * E_MAX + nxt, mask=nxt < e1, other=0)
     for e in range(e0, e1, BLOCK_E):
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
-        idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
+        if PREFETCH:
+            idx = idx_next.to(tl.int64)
+            nxt = pos + BLOCK_E
+            idx_next = tl.load(est_ptr + row * E_MAX + nxt, mask=nxt < e1, other=0)
+        else:
+            idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
         w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
                     mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
@@ -264,7 +281,7 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         parts[0], parts[1], n_rows, m, zones.ids.shape[1], scale, split_base,
         parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        CONTIG=rowmap is None, DOT_F32=needs_f32_dot(keys.dtype),
+        CONTIG=rowmap is None, DOT_F32=needs_f32_dot(keys.dtype), PREFETCH=_RET_PREFETCH,
     )
 
 
@@ -310,7 +327,7 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
         weights, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
         num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
+        DOT_F32=needs_f32_dot(vmean.dtype), PREFETCH=_EST_PREFETCH, num_warps=_ESTIMATE_WARPS,
         num_stages=_ESTIMATE_STAGES,
     )
 

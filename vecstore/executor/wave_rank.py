@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from vecstore.executor.wave_radix import RADIX_BINS, radix_count, radix_keys
+from vecstore.executor.wave_radix import radix_count, radix_keys
 from vecstore.kernels._backend import LazyKernel
 from vecstore.kernels._device import load_queries, query_group
 from vecstore.kernels._rank_device import centroid_logits, group_score, softmax_norm, sum_exp_step
 
 __all__ = ["LOGITS", "SCORE"]
-
-_BINS = tl.constexpr(RADIX_BINS)
 
 
 def _logits_kernel(
@@ -68,7 +66,8 @@ def _logits_kernel(
 
 def _score_kernel(
     rank_ptr, pmax_ptr, psum_ptr, score_ptr, counts_ptr, C, num_splits,
-    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # ranking score sum_g softmax_g(ranking logits)_j of a chunk, then the first radix pass
     row, chunk, offs_s, qrows, g_mask = query_group(G, BLOCK_G, BLOCK_S)
@@ -83,8 +82,10 @@ def _score_kernel(
                  mask=g_mask[:, None] & valid[None, :], other=float("-inf"))
     sc = group_score(lg, m, inv_z)
     tl.store(score_ptr + row * C + idx, sc, mask=valid)
-    # the first radix pass: no prefix yet, the same histogram for k1 and k2
-    radix_count(radix_keys(sc), valid, 0, counts_ptr + row * 2 * _BINS, 0, 2)
+    key = radix_keys(sc)  # the first radix pass: no prefix yet, the same for k1 and k2
+    hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
+    radix_count(key, valid, 0, hist, 0, BITS)
+    radix_count(key, valid, 0, hist + PASSES * (1 << BITS), 0, BITS)
 
 
 LOGITS = LazyKernel(_logits_kernel)

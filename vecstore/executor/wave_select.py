@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.executor.wave_radix import RADIX_BINS, radix_keys, radix_thresholds
+from vecstore.executor.wave_radix import RADIX_BITS, RADIX_PASSES, radix_keys, radix_thresholds
 from vecstore.executor.wave_rank import LOGITS, SCORE
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
 
@@ -294,7 +294,8 @@ def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
     counts = _radix_counts(rows, dev)
     SCORE[(rows, nchunk)](logits.rank, logits.pmax, logits.psum, score, counts, num_clusters,
                            splits, G=group, BLOCK_G=triton.next_power_of_2(group),
-                           BLOCK_S=triton.next_power_of_2(splits), BLOCK=block)
+                           BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
+                           BITS=RADIX_BITS, BLOCK=block)
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 
@@ -302,9 +303,9 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
                  k1: torch.Tensor, k2: torch.Tensor, out: Zones) -> None:
     """Mark the ``k1`` best clusters of each row retrieved and the next ``k2 - k1`` estimated.
 
-    Ranks are by score, ties by cluster id (a stable top-k). Radix passes
-    (:func:`vecstore.executor.wave_radix.radix_thresholds`) find both thresholds; then
-    per-chunk counts, one scan per row, and a parallel write of the zones and the compacted retrieved and
+    Ranks are by score, ties by cluster id (a stable top-k). Radix passes of ``RADIX_BITS``
+    bits find both thresholds with every (row, chunk) in parallel; then per-chunk counts, one
+    scan per row, and a parallel write of the zones and the compacted retrieved and
     estimated ids.
 
     Parameters
@@ -323,7 +324,7 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
 
 
 def _radix_counts(rows: int, device: torch.device) -> torch.Tensor:
-    return torch.zeros(rows, 2, RADIX_BINS, dtype=torch.int32, device=device)
+    return torch.zeros(rows, 2, RADIX_PASSES, 1 << RADIX_BITS, dtype=torch.int32, device=device)
 
 
 def _select_grid(num_clusters: int) -> tuple[int, int]:
