@@ -50,19 +50,18 @@ RETRIEVED_SPLIT = 512
 STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
-_BLOCK_E = 64
+_BLOCK_E = 128
 # splits per row the estimation zone aims at (each >= ESTIMATE_SPLIT), and its warps; H200
-# whole steps at 8 x 128K / 8 x 512K / 4 x 1M: 0.156 / 0.448 / 0.437 ms, against 64 or 128
-# splits 0.159-0.166 / 0.463-0.495 / 0.447-0.465, 8 warps 0.160 / 0.456 / 0.452, tiles of
-# 32 clusters 0.156 / 0.445 / 0.445; retrieved splits of 256 or 1024 rows 0.153 / 0.465 /
-# 0.438 and 0.175 / 0.446 / 0.436
-_ESTIMATE_SPLITS = 32
+# whole steps at 8 x 128K / 8 x 512K / 4 x 1M / 8 x 1M, against 32 splits of 64-cluster
+# tiles: 0.150 / 0.423 / 0.421 / 0.768 ms against 0.151 / 0.434 / 0.427 / 0.786 (16 splits
+# of 64: 0.151 / 0.426 / 0.421 / 0.777; 32 of 128: 0.151 / 0.433 / 0.424 / 0.773). Earlier,
+# with 64-cluster tiles: 64 or 128 splits and 8 warps slower, retrieved splits of 256 or 1024
+# rows no faster
+_ESTIMATE_SPLITS = 16
 _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
 _ESTIMATE_STAGES = 3
-_EST_PREFETCH = False
-_RET_PREFETCH = False
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 # the merge: partial outputs per step of its loop, head dims per program
 _COMBINE_BLOCK = 16
@@ -101,7 +100,7 @@ def _retrieved_kernel(
     part_out_ptr, part_lse_ptr,
     N, M, R_MAX, scale, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+    CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # execution positions [split * split_len, ...) of the row's retrieved rows: read from a
     # contiguous execution buffer (CONTIG) or, in place, through the row map
@@ -111,18 +110,11 @@ def _retrieved_kernel(
     p0 = split * split_len
     p1 = tl.minimum(p0 + split_len, total)
     m_i, l_i, acc = empty_state(BLOCK_G, D)
-    if PREFETCH and not CONTIG:
-        nxt = p0 + tl.arange(0, BLOCK_N)
-        src_next = tl.load(map_ptr + row * M + nxt, mask=nxt < p1, other=0)
     for p in range(p0, p1, BLOCK_N):
         pos = p + tl.arange(0, BLOCK_N)
         pmask = pos < p1
         if CONTIG:
             src = pos.to(tl.int64)
-        elif PREFETCH:
-            src = src_next.to(tl.int64)
-            nxt = pos + BLOCK_N
-            src_next = tl.load(map_ptr + row * M + nxt, mask=nxt < p1, other=0)
         else:
             src = tl.load(map_ptr + row * M + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = (row * N + src)[:, None] * D + offs_d[None, :]
@@ -158,25 +150,17 @@ def _estimated_kernel(
     weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
     C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
-    DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     # positions [split * split_len, ...) of the row's compacted estimated clusters
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     e0 = split * split_len
     e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
     m_i, l_i, acc = empty_state(BLOCK_G, D)
-    if PREFETCH:
-        nxt = e0 + tl.arange(0, BLOCK_E)
-        idx_next = tl.load(est_ptr + row * E_MAX + nxt, mask=nxt < e1, other=0)
     for e in range(e0, e1, BLOCK_E):
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
-        if PREFETCH:
-            idx = idx_next.to(tl.int64)
-            nxt = pos + BLOCK_E
-            idx_next = tl.load(est_ptr + row * E_MAX + nxt, mask=nxt < e1, other=0)
-        else:
-            idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
+        idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
         w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
                     mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
@@ -281,7 +265,7 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         parts[0], parts[1], n_rows, m, zones.ids.shape[1], scale, split_base,
         parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        CONTIG=rowmap is None, DOT_F32=needs_f32_dot(keys.dtype), PREFETCH=_RET_PREFETCH,
+        CONTIG=rowmap is None, DOT_F32=needs_f32_dot(keys.dtype),
     )
 
 
@@ -327,7 +311,7 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
         weights, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
         num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(vmean.dtype), PREFETCH=_EST_PREFETCH, num_warps=_ESTIMATE_WARPS,
+        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
         num_stages=_ESTIMATE_STAGES,
     )
 
