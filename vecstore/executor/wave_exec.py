@@ -48,7 +48,6 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
-_CLUSTER_MAJOR = False
 @EXECUTORS.register("wave")
 class WaveExecutor:
     """Fused decode attention over the wave index; the torch reference for everything else.
@@ -256,8 +255,7 @@ class WaveExecutor:
         qf = q.reshape(B * Hq, D).contiguous()
         qs = qf.to(prep.centroids.dtype)
         cent = prep.centroids.view(rows, C, D)
-        weights = (torch.empty(rows, C, G, dtype=torch.float32, device=dev) if _CLUSTER_MAJOR
-                   else torch.empty(B * Hq, C, dtype=torch.float32, device=dev))
+        weights = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
@@ -271,7 +269,7 @@ class WaveExecutor:
             x0, x1 = r0 * G, r1 * G
             radii = prep.radii[r0:r1] if prep.radii is not None else None
             logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
-                                     prep.radius_weight, (weights[r0:r1] if _CLUSTER_MAJOR else weights[x0:x1]))
+                                     prep.radius_weight, weights[x0:x1])
             sel, side = self._streams.get(dev, "select", g), self._streams.get(dev, "side", g)
             if sel is not None:
                 sel.wait_stream(main)  # this group's logits; the next group's follow on main
@@ -292,7 +290,7 @@ class WaveExecutor:
                 if side is not None:
                     side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
                 with on(side):
-                    attend_estimated(weights[r0:r1] if _CLUSTER_MAJOR else weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
+                    attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
                 if buf is None:
                     rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
                     fill_rowmap(z, rowmap)

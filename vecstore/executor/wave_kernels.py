@@ -150,7 +150,7 @@ def _estimated_kernel(
     weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
     C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
-    DOT_F32: tl.constexpr, CLUSTER_MAJOR: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     # positions [split * split_len, ...) of the row's compacted estimated clusters
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
@@ -161,13 +161,8 @@ def _estimated_kernel(
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
         idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
-        if CLUSTER_MAJOR:
-            w = tl.trans(tl.load(weight_ptr + (row * C + idx)[:, None] * G
-                                 + (qrows - row * G)[None, :],
-                                 mask=use[:, None] & g_mask[None, :], other=float("-inf")))
-        else:
-            w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
-                        mask=g_mask[:, None] & use[None, :], other=float("-inf"))
+        w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
+                    mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
                      mask=use[:, None], other=0.0)
         if DOT_F32:
@@ -309,15 +304,14 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
     :func:`~vecstore.executor.wave_select.centroid_logits` writes them), value means
     ``vmean [rows, C, D]``."""
     rows, num_clusters, dim = vmean.shape
-    group = weights.shape[2] if weights.dim() == 3 else weights.shape[0] // rows
+    group = weights.shape[0] // rows
     e_max = zones.est_ids.shape[1]
     per, num_splits = estimate_layout(e_max)
     _ESTIMATED[(rows, num_splits)](
         weights, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
         num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(vmean.dtype), CLUSTER_MAJOR=weights.dim() == 3,
-        num_warps=_ESTIMATE_WARPS,
+        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
         num_stages=_ESTIMATE_STAGES,
     )
 

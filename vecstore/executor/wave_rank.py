@@ -28,7 +28,6 @@ def _logits_kernel(
     q_ptr, c_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C, split_len,
     num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr, RADIUS: tl.constexpr,
-    CLUSTER_MAJOR: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
     # read once per group), -inf for empty clusters: the ranking logits (with RADIUS plus
@@ -53,12 +52,8 @@ def _logits_kernel(
         out = qrows[:, None] * C + offs_c[None, :]
         n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=1)
         # an empty cluster's logit is already -inf
-        wt = lg + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :]
-        if CLUSTER_MAJOR:  # [rows, C, G]: a cluster's G weights side by side
-            tl.store(weight_ptr + (row * C + offs_c)[:, None] * G + (qrows - row * G)[None, :],
-                     tl.trans(wt), mask=tl.trans(out_mask))
-        else:
-            tl.store(weight_ptr + out, wt, mask=out_mask)
+        tl.store(weight_ptr + out, lg + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :],
+                 mask=out_mask)
         rl = lg
         if RADIUS:
             r = tl.load(r_ptr + row * C + offs_c, mask=c_mask, other=0.0)

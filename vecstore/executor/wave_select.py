@@ -258,14 +258,13 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)
     psum = torch.empty_like(pmax)
     use_radius = radius_weight != 0.0 and radii is not None
-    rank = torch.empty(rows * group, num_clusters, dtype=torch.float32, device=dev)
+    rank = torch.empty_like(weights)
     r = radii if use_radius else weights  # any pointer; unread without RADIUS
     LOGITS[(rows, splits)](q, centroids, sizes, r, weights, rank, pmax, psum, num_clusters,
                             split_len, splits, scale, scale * radius_weight, G=group, D=dim,
                             BLOCK_G=max(16, triton.next_power_of_2(group)),
                             BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
-                            RADIUS=use_radius, CLUSTER_MAJOR=weights.dim() == 3,
-                            num_warps=_LOGITS_WARPS,
+                            RADIUS=use_radius, num_warps=_LOGITS_WARPS,
                             num_stages=_LOGITS_STAGES)
     return Logits(rank, pmax, psum)
 
