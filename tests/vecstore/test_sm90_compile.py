@@ -1,0 +1,101 @@
+"""Every Triton kernel compiles for the H200 (sm_90), checked on the CPU.
+
+The interpreter runs a kernel's Python, not the compiler: a kernel the compiler rejects (a
+global that is not a ``tl.constexpr``, say) passes every interpreter test and fails on the
+first GPU run. Here the wave executor's decode step (resident, pipelined, offloaded, both
+radix paths, bfloat16 and float32) and the public kernels run in the interpreter at the
+Llama head size with every launch recorded, then each recorded launch is compiled to an
+sm_90 cubin by a subprocess without the interpreter (:mod:`tests.kernel_compile`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import torch
+
+import vecstore.executor
+import vecstore.kernels
+from tests.interpreter import interpreted, request_interpreter
+from tests.kernel_compile import compile_failures, recorded_launches
+from vecstore.config import StoreConfig
+from vecstore.executor.base import Steady
+from vecstore.executor.wave_exec import WaveExecutor
+from vecstore.index.base import IndexView
+from vecstore.index.wave import WaveIndex
+from vecstore.kernels import (
+    estimate_zone,
+    merge_states,
+    score_centroids,
+    sparse_attention_by_clusters,
+    sparse_decode_attention,
+)
+from vecstore.kernels._backend import LazyKernel
+
+request_interpreter()  # the kernels run on CPU tensors in Triton's interpreter
+
+CFG = StoreConfig.from_dict({"index": {"segment_tokens": 512},
+                             "attention": {"retrieval_budget": 0.05}})
+H, G, D = 2, 4, 128  # KV heads, query heads per KV head, the Llama head size
+
+
+def _all_kernels() -> set[str]:
+    names = set()
+    for package in (vecstore.executor, vecstore.kernels):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            names |= {obj.__name__ for obj in vars(module).values()
+                      if isinstance(obj, LazyKernel)}
+    return names
+
+
+def _decode(dtype: torch.dtype, **executor: object) -> None:
+    gen = torch.Generator().manual_seed(0)
+    index = WaveIndex(CFG)
+    views = [IndexView.from_segments(index.build(torch.randn(H, n, D, generator=gen).to(dtype),
+                                                 torch.randn(H, n, D, generator=gen).to(dtype),
+                                                 4))
+             for n in (1500, 700)]
+    steady = Steady(torch.randn(2, H, 40, D, generator=gen).to(dtype),
+                    torch.randn(2, H, 40, D, generator=gen).to(dtype), torch.tensor([40, 17]))
+    q = torch.randn(2, H * G, 1, D, generator=gen).to(dtype)
+    WaveExecutor(backend="triton", **executor).run(index, IndexView.stack(views), steady, q,
+                                                   D ** -0.5, CFG.for_layer(0))
+
+
+def _public_kernels(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    b, hq, hkv, clusters, rows = 1, 2 * G, 2, 96, 80
+    q = torch.randn(b, hq, D, generator=gen).to(dtype)
+    centroids = torch.randn(b, hkv, clusters, D, generator=gen).to(dtype)
+    sizes = torch.randint(1, 8, (b, hkv, clusters), generator=gen)
+    logits, top = score_centroids(q, centroids, sizes, D ** -0.5, 16, backend="triton")
+    value_sums = torch.randn(b, hkv, clusters, D, generator=gen).to(dtype)
+    est = estimate_zone(logits, sizes, value_sums, top, backend="triton")
+    keys = torch.randn(b, hkv, rows, D, generator=gen).to(dtype)
+    values = torch.randn(b, hkv, rows, D, generator=gen).to(dtype)
+    exact = sparse_decode_attention(q, keys, values, torch.full((b, hkv), rows), D ** -0.5,
+                                    backend="triton")
+    merge_states(*exact, *est)
+    starts = torch.arange(0, rows, 16).expand(b, hkv, -1).contiguous()
+    sparse_attention_by_clusters(q, keys, values, starts, torch.clamp(rows - starts, max=16),
+                                 D ** -0.5, backend="triton")
+
+
+@interpreted
+def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
+    from vecstore.executor import wave_radix, wave_streams
+
+    with recorded_launches() as launches:
+        for dtype in (torch.bfloat16, torch.float32):
+            _public_kernels(dtype)
+        _decode(torch.bfloat16)  # rows short enough for one program per row
+        monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", 0)  # the candidate-list path
+        monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
+        monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
+        _decode(torch.bfloat16)  # in pipelined row groups
+        _decode(torch.bfloat16, simulate_offload=True)
+        _decode(torch.float32, score_dtype=torch.float32)
+    assert {launch.name for launch in launches} == _all_kernels()
+    assert compile_failures(launches, tmp_path) == {}
