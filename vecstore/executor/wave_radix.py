@@ -41,6 +41,7 @@ _KEPT = 3
 _CAND_FRACTION = 8
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
+_SHARE_HIST = False
 
 
 @triton.jit
@@ -107,17 +108,33 @@ def radix_histogram(score_ptr, C, t, PASS: tl.constexpr, BITS: tl.constexpr,
 
 
 @triton.jit
-def radix_count(key, valid, t, counts_ptr, PASS: tl.constexpr, BITS: tl.constexpr):
-    # add the histogram of pass PASS's digit over the keys that match prefix t
-    digit, match = _digit_of(key, valid, t, PASS, BITS)
-    h = tl.histogram(digit, 1 << BITS, mask=match)
+def radix_count(key, valid, t1, t2, hist1_ptr, hist2_ptr, PASS: tl.constexpr,
+                BITS: tl.constexpr, SHARE: tl.constexpr):
+    # add the histograms of pass PASS's digit over the keys that match prefix t1, and t2, to
+    # the two thresholds' counts; with SHARE one histogram serves both when the prefixes are
+    # the same (always in pass 0, mostly in pass 1: a 5-bit first digit rarely splits them)
+    digit, match1 = _digit_of(key, valid, t1, PASS, BITS)
+    h1 = tl.histogram(digit, 1 << BITS, mask=match1)
     bins = tl.arange(0, 1 << BITS)
-    tl.atomic_add(counts_ptr + PASS * (1 << BITS) + bins, h, mask=h > 0)
+    tl.atomic_add(hist1_ptr + PASS * (1 << BITS) + bins, h1, mask=h1 > 0)
+    if SHARE:
+        if PASS == 0:
+            h2 = h1
+        else:
+            HI: tl.constexpr = 32 - BITS * PASS
+            if (t1 >> HI) == (t2 >> HI):
+                h2 = h1
+            else:
+                h2 = tl.histogram(digit, 1 << BITS, mask=_digit_of(key, valid, t2, PASS, BITS)[1])
+    else:
+        h2 = tl.histogram(digit, 1 << BITS, mask=_digit_of(key, valid, t2, PASS, BITS)[1])
+    tl.atomic_add(hist2_ptr + PASS * (1 << BITS) + bins, h2, mask=h2 > 0)
 
 
 def _radix_pass_kernel(
     score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
     PASS: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+    SHARE: tl.constexpr,
 ):
     # counts[row, which, pass, d]: keys of prefix t_which (from the earlier passes) and
     # digit d, summed over all chunks with atomics
@@ -130,8 +147,7 @@ def _radix_pass_kernel(
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
     key = radix_keys(tl.load(score_ptr + row * C + idx, mask=valid, other=0.0))
-    radix_count(key, valid, t1, h1, PASS, BITS)
-    radix_count(key, valid, t2, h2, PASS, BITS)
+    radix_count(key, valid, t1, t2, h1, h2, PASS, BITS, SHARE)
 
 
 def _radix_rows_kernel(
@@ -217,7 +233,8 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
                                BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS)
         return
     for p in range(first_pass, _KEPT):
-        _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix)
+        _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p,
+                                    SHARE=_SHARE_HIST, **radix)
     cap = max(1, num_clusters // _CAND_FRACTION)
     cand = torch.empty(rows, 2, cap, dtype=torch.float32, device=score.device)
     ncand = torch.zeros(rows, 2, dtype=torch.int32, device=score.device)

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vecstore.executor import wave_radix
 from vecstore.executor.wave_radix import RADIX_BITS, RADIX_PASSES, radix_keys, radix_thresholds
 from vecstore.executor.wave_rank import LOGITS, SCORE
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
@@ -295,7 +296,7 @@ def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
     SCORE[(rows, nchunk)](logits.rank, logits.pmax, logits.psum, score, counts, num_clusters,
                            splits, G=group, BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
-                           BITS=RADIX_BITS, BLOCK=block)
+                           BITS=RADIX_BITS, BLOCK=block, SHARE=wave_radix._SHARE_HIST)
     _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
 
 
