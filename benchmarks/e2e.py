@@ -82,8 +82,11 @@ def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
 def prefill(model, cache, ids: torch.Tensor, chunk: int) -> torch.Tensor:
     """Feed ``ids [B, T]`` to ``model`` through ``cache`` in chunks of ``chunk`` tokens per
     row; returns the last position's logits ``[B, 1, V]``."""
+    from tqdm import tqdm
+
     out = None
-    for start in range(0, ids.shape[1], chunk):
+    for start in tqdm(range(0, ids.shape[1], chunk), desc=f"prefill {ids.shape[0]} x "
+                      f"{ids.shape[1]}", unit="chunk", mininterval=10.0, leave=False):
         out = model(input_ids=ids[:, start:start + chunk], use_cache=True, logits_to_keep=1,
                     **{cache_kwarg(model): cache})
     assert out is not None
