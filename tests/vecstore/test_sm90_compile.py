@@ -18,7 +18,7 @@ import torch
 import vecstore.executor
 import vecstore.kernels
 from tests.interpreter import interpreted, request_interpreter
-from tests.kernel_compile import compile_failures, recorded_launches
+from tests.kernel_compile import Launch, compile_failures, recorded_launches
 from vecstore.config import StoreConfig
 from vecstore.executor.base import Steady
 from vecstore.executor.wave_exec import WaveExecutor
@@ -98,4 +98,8 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16, simulate_offload=True)
         _decode(torch.float32, score_dtype=torch.float32)
     assert {launch.name for launch in launches} == _all_kernels()
+    # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
+    launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},
+                        {**x.options, "launch_pdl": True})
+                 for x in launches if x.constants.get("GDC") is False]
     assert compile_failures(launches, tmp_path) == {}

@@ -23,7 +23,7 @@ from vecstore.kernels._backend import LazyKernel
 
 __all__ = [
     "RADIX_BITS", "RADIX_PASSES", "radix_keys", "radix_digit", "radix_threshold",
-    "radix_histogram", "radix_count", "radix_thresholds",
+    "radix_histogram", "radix_count", "radix_thresholds", "chained",
 ]
 
 RADIX_BITS = 5  # histogram bins 2**5: the warp-ballot histogram needs a multiple of 32
@@ -42,6 +42,9 @@ _CAND_FRACTION = 8
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 _SHARE_HIST = False
+# programmatic dependent launch (Hopper on) between the selection's kernels after the score
+# kernel: each may be scheduled while the one before drains, and waits for its results
+_PDL = False
 
 
 @triton.jit
@@ -134,10 +137,13 @@ def radix_count(key, valid, t1, t2, hist1_ptr, hist2_ptr, PASS: tl.constexpr,
 def _radix_pass_kernel(
     score_ptr, k1_ptr, k2_ptr, counts_ptr, C,
     PASS: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    SHARE: tl.constexpr,
+    SHARE: tl.constexpr, GDC: tl.constexpr,
 ):
     # counts[row, which, pass, d]: keys of prefix t_which (from the earlier passes) and
     # digit d, summed over all chunks with atomics
+    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     h1 = counts_ptr + (row * 2 + 0) * PASSES * (1 << BITS)
@@ -153,13 +159,16 @@ def _radix_pass_kernel(
 def _radix_rows_kernel(
     score_ptr, cand_ptr, ncand_ptr, k1_ptr, k2_ptr, counts_ptr, thr_ptr, C, CAP,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    CANDIDATES: tl.constexpr,
+    CANDIDATES: tl.constexpr, GDC: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
     # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
     # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
     # overflowed their list; counts[row, which, pass] of the passes before FIRST are given,
     # the others written; thr[row, which] receives the threshold (its uint32 key's bits)
+    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     k = tl.where(which == 0, tl.load(k1_ptr + row), tl.load(k2_ptr + row))
@@ -186,9 +195,13 @@ def _radix_rows_kernel(
 def _radix_compact_kernel(
     score_ptr, k1_ptr, k2_ptr, counts_ptr, cand_ptr, ncand_ptr, C, CAP,
     KEPT: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     # append the scores of a chunk whose keys match threshold w's prefix after KEPT passes
     # to the row's candidate list of w (at most CAP kept; the count goes on past CAP)
+    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -207,18 +220,28 @@ def _radix_compact_kernel(
         tl.store(cand_ptr + (row * 2 + w) * CAP + pos, s, mask=match & (pos < CAP))
 
 
+def chained(device: torch.device) -> dict[str, bool]:
+    """Launch arguments of a selection kernel that follows another on its stream: ``GDC``,
+    and ``launch_pdl`` where programmatic dependent launch is on (``_PDL``, CUDA, sm_90+)."""
+    if not _PDL or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return {"GDC": False}
+    return {"GDC": True, "launch_pdl": True}
+
+
 _RADIX_PASS = LazyKernel(_radix_pass_kernel)
 _RADIX_ROWS = LazyKernel(_radix_rows_kernel)
 _COMPACT = LazyKernel(_radix_compact_kernel)
 
 
 def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
-                     counts: torch.Tensor, thr: torch.Tensor, first_pass: int, block: int,
-                     nchunk: int) -> None:
+                     counts: torch.Tensor, ncand: torch.Tensor, thr: torch.Tensor,
+                     first_pass: int, block: int, nchunk: int) -> None:
     """Run the radix passes ``first_pass..`` of both thresholds of every row.
 
     ``score [rows, C]`` float32, ``k1, k2 [rows]`` int32; ``counts [rows, 2, RADIX_PASSES,
-    2**RADIX_BITS]`` int32 holds the passes before ``first_pass`` and receives the others.
+    2**RADIX_BITS]`` int32 holds the passes before ``first_pass`` and receives the others;
+    ``ncand [rows, 2]`` int32, zeros, receives the candidate counts (zeroed by the caller with
+    ``counts``, so no fill runs between the selection's kernels).
     ``thr [rows, 2]`` int32 receives the ``k1``-th and ``k2``-th largest keys
     (:func:`radix_keys`, bits as int32), so the kernels after read them in one load instead
     of walking every pass's histogram (H200: the per-chunk counts 10.2 -> 7.6 us at
@@ -227,19 +250,21 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
     """
     rows, num_clusters = score.shape
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
+    chain = chained(score.device)
     if num_clusters <= _ROW_RADIX_MAX:
         _RADIX_ROWS[(rows, 2)](score, score, counts, k1, k2, counts, thr, num_clusters, 0,
                                FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                               BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS)
+                               BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS,
+                               **chain)
         return
     for p in range(first_pass, _KEPT):
         _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p,
-                                    SHARE=_SHARE_HIST, **radix)
+                                    SHARE=_SHARE_HIST, **radix, **chain)
     cap = max(1, num_clusters // _CAND_FRACTION)
     cand = torch.empty(rows, 2, cap, dtype=torch.float32, device=score.device)
-    ncand = torch.zeros(rows, 2, dtype=torch.int32, device=score.device)
     _COMPACT[(rows, nchunk)](score, k1, k2, counts, cand, ncand, num_clusters, cap, KEPT=_KEPT,
-                             **radix)
+                             **radix, **chain)
     _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, thr, num_clusters, cap,
                            FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                           BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS)
+                           BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS,
+                           **chain)

@@ -24,7 +24,13 @@ import triton
 import triton.language as tl
 
 from vecstore.executor import wave_radix
-from vecstore.executor.wave_radix import RADIX_BITS, RADIX_PASSES, radix_keys, radix_thresholds
+from vecstore.executor.wave_radix import (
+    RADIX_BITS,
+    RADIX_PASSES,
+    chained,
+    radix_keys,
+    radix_thresholds,
+)
 from vecstore.executor.wave_rank import LOGITS, SCORE
 from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
 
@@ -55,9 +61,13 @@ def _thresholds(thr_ptr, row):
     return th1, th2
 
 
-def _zone_stats_kernel(score_ptr, sizes_ptr, thr_ptr, stats_ptr, C, NCHUNK, BLOCK: tl.constexpr):
+def _zone_stats_kernel(score_ptr, sizes_ptr, thr_ptr, stats_ptr, C, NCHUNK,
+                       BLOCK: tl.constexpr, GDC: tl.constexpr):
     # per chunk, threshold w at [6w, 6w + 6): [gt, gt real, eq, eq real, rows gt real, rows eq
     # real] (real: not empty)
+    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     th1, th2 = _thresholds(thr_ptr, row)
@@ -119,12 +129,15 @@ def _chunk_takes(score_ptr, sizes_ptr, stats_ptr, row, C, NCHUNK, th, k, ch, cm,
 def _zone_scan_kernel(
     score_ptr, sizes_ptr, k1_ptr, k2_ptr, thr_ptr, stats_ptr, bases_ptr, cum_ptr,
     count_ptr, est_count_ptr, C, NCHUNK, R_MAX,
-    BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_CH: tl.constexpr, GDC: tl.constexpr,
 ):
     # per row: where each chunk's retrieved clusters start (ids and rows), its estimated
     # ones, and the ranks of the threshold ties before it; bases[row, chunk] = [pos, rows,
     # eq1, eq2, estimated pos] and bases[row, NCHUNK, :2] = ties still to take at threshold
     # 1 and 2
+    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     k1 = tl.load(k1_ptr + row)
     k2 = tl.load(k2_ptr + row)
@@ -165,8 +178,11 @@ def _zone_write_kernel(
     score_ptr, sizes_ptr, starts_ptr, thr_ptr, bases_ptr,
     zone_ptr, ids_ptr, rstart_ptr, cum_ptr, est_ptr,
     C, NCHUNK, R_MAX, E_MAX,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, GDC: tl.constexpr,
 ):
+    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     bo = bases_ptr + (row * (NCHUNK + 1) + chunk) * 5
@@ -292,12 +308,12 @@ def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
     dev = sizes.device
     score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
     block, nchunk = _select_grid(num_clusters)
-    counts = _radix_counts(rows, dev)
+    counts, ncand = _radix_counts(rows, dev)
     SCORE[(rows, nchunk)](logits.rank, logits.pmax, logits.psum, score, counts, num_clusters,
                            splits, G=group, BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
                            BITS=RADIX_BITS, BLOCK=block, SHARE=wave_radix._SHARE_HIST)
-    _finish_select(score, sizes, first_row, k1, k2, counts, 1, out)
+    _finish_select(score, sizes, first_row, k1, k2, counts, ncand, 1, out)
 
 
 def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
@@ -320,12 +336,17 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
     out : Zones
         Written in place.
     """
-    counts = _radix_counts(score.shape[0], score.device)
-    _finish_select(score, sizes, first_row, k1, k2, counts, 0, out)
+    counts, ncand = _radix_counts(score.shape[0], score.device)
+    _finish_select(score, sizes, first_row, k1, k2, counts, ncand, 0, out)
 
 
-def _radix_counts(rows: int, device: torch.device) -> torch.Tensor:
-    return torch.zeros(rows, 2, RADIX_PASSES, 1 << RADIX_BITS, dtype=torch.int32, device=device)
+def _radix_counts(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # the radix histograms [rows, 2, RADIX_PASSES, 2**RADIX_BITS] and candidate counts
+    # [rows, 2], zeroed by one fill
+    bins = rows * 2 * RADIX_PASSES << RADIX_BITS
+    both = torch.zeros(bins + rows * 2, dtype=torch.int32, device=device)
+    return (both[:bins].view(rows, 2, RADIX_PASSES, 1 << RADIX_BITS),
+            both[bins:].view(rows, 2))
 
 
 def _select_grid(num_clusters: int) -> tuple[int, int]:
@@ -334,8 +355,8 @@ def _select_grid(num_clusters: int) -> tuple[int, int]:
 
 
 def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
-                   k1: torch.Tensor, k2: torch.Tensor, counts: torch.Tensor, first_pass: int,
-                   out: Zones) -> None:
+                   k1: torch.Tensor, k2: torch.Tensor, counts: torch.Tensor,
+                   ncand: torch.Tensor, first_pass: int, out: Zones) -> None:
     rows, num_clusters = score.shape
     block, nchunk = _select_grid(num_clusters)
     dev = score.device
@@ -343,12 +364,12 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
     bases = torch.empty(rows, nchunk + 1, 5, dtype=torch.int32, device=dev)
     thr = torch.empty(rows, 2, dtype=torch.int32, device=dev)
     r_max = out.ids.shape[1]
-    radix_thresholds(score, k1, k2, counts, thr, first_pass, block, nchunk)
-    _STATS[(rows, nchunk)](score, sizes, thr, stats, num_clusters, nchunk, BLOCK=block)
+    chain = chained(dev)
+    radix_thresholds(score, k1, k2, counts, ncand, thr, first_pass, block, nchunk)
+    _STATS[(rows, nchunk)](score, sizes, thr, stats, num_clusters, nchunk, BLOCK=block, **chain)
     _SCAN[(rows,)](score, sizes, k1, k2, thr, stats, bases, out.cum, out.count,
                    out.est_count, num_clusters, nchunk, r_max, BLOCK=block,
-                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)))
+                   BLOCK_CH=max(16, triton.next_power_of_2(nchunk)), **chain)
     _WRITE[(rows, nchunk)](score, sizes, first_row, thr, bases, out.zone, out.ids,
                            out.first_row, out.cum, out.est_ids, num_clusters,
-                           nchunk, r_max, out.est_ids.shape[1], BLOCK=block)
-
+                           nchunk, r_max, out.est_ids.shape[1], BLOCK=block, **chain)
