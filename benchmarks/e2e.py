@@ -50,6 +50,7 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -82,8 +83,6 @@ def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
 def prefill(model, cache, ids: torch.Tensor, chunk: int) -> torch.Tensor:
     """Feed ``ids [B, T]`` to ``model`` through ``cache`` in chunks of ``chunk`` tokens per
     row; returns the last position's logits ``[B, 1, V]``."""
-    from tqdm import tqdm
-
     out = None
     for start in tqdm(range(0, ids.shape[1], chunk), desc=f"prefill {ids.shape[0]} x "
                       f"{ids.shape[1]}", unit="chunk", mininterval=10.0, leave=False):

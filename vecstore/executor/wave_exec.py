@@ -48,6 +48,8 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
+
+
 @EXECUTORS.register("wave")
 class WaveExecutor:
     """Fused decode attention over the wave index; the torch reference for everything else.
