@@ -41,7 +41,6 @@ _KEPT = 3
 _CAND_FRACTION = 8
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
-_PASS_WARPS = 4  # warps of the (row, chunk) programs of the passes and the candidate lists
 _SHARE_HIST = False
 # programmatic dependent launch (Hopper on) between the selection's kernels after the score
 # kernel: each may be scheduled while the one before drains, and waits for its results
@@ -260,12 +259,11 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
         return
     for p in range(first_pass, _KEPT):
         _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p,
-                                    SHARE=_SHARE_HIST, num_warps=_PASS_WARPS, **radix,
-                                    **chain)
+                                    SHARE=_SHARE_HIST, **radix, **chain)
     cap = max(1, num_clusters // _CAND_FRACTION)
     cand = torch.empty(rows, 2, cap, dtype=torch.float32, device=score.device)
     _COMPACT[(rows, nchunk)](score, k1, k2, counts, cand, ncand, num_clusters, cap, KEPT=_KEPT,
-                             num_warps=_PASS_WARPS, **radix, **chain)
+                             **radix, **chain)
     _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, thr, num_clusters, cap,
                            FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
                            BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS,

@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["Logits", "centroid_logits", "select_ranked", "select_zones"]
 
 _SELECT_BLOCK = 1024
-# warps of the zone write's programs (Triton 3.6, sm_90, offline: 105 registers a thread with
-# 4, 69 with 8, 44 with 16: 16, 24 or 32 warps per SM)
-_WRITE_WARPS = 4
 # the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
 # stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
 # against 465 at 8 x 512K, 465 against 479 at 4 x 1M (tiles of 32 or 128, 8 warps, 4 stages
@@ -375,5 +372,4 @@ def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Te
                    BLOCK_CH=max(16, triton.next_power_of_2(nchunk)), **chain)
     _WRITE[(rows, nchunk)](score, sizes, first_row, thr, bases, out.zone, out.ids,
                            out.first_row, out.cum, out.est_ids, num_clusters,
-                           nchunk, r_max, out.est_ids.shape[1], BLOCK=block,
-                           num_warps=_WRITE_WARPS, **chain)
+                           nchunk, r_max, out.est_ids.shape[1], BLOCK=block, **chain)
