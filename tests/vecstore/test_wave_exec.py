@@ -304,19 +304,3 @@ def test_combine_merges_partial_states_by_log_sum_exp(monkeypatch, dims, block):
     assert torch.allclose(out, ref, atol=1e-6)
     assert torch.allclose(lse[1:].double(), ref_lse[1:], atol=1e-5)
     assert lse[0] == float("-inf") and not out[0].any()
-
-
-@interpreted
-def test_dense_estimation_equals_the_compacted_one(monkeypatch):
-    from vecstore.executor import wave_kernels
-
-    gen = torch.Generator().manual_seed(5)
-    index, view, steady, q = _batch(gen, torch.float32)
-    layer = CFG.for_layer(0)
-    ex = WaveExecutor(backend="triton", score_dtype=torch.float32)
-    compacted = ex.run(index, view, steady, q, D ** -0.5, layer)
-    monkeypatch.setattr(wave_kernels, "_EST_DENSE", True)
-    dense = WaveExecutor(backend="triton", score_dtype=torch.float32).run(
-        index, view, steady, q, D ** -0.5, layer)
-    assert rel_err(dense[0], compacted[0]) < 1e-6
-    assert rel_err(dense[1], compacted[1]) < 1e-6

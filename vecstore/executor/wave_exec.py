@@ -250,7 +250,7 @@ class WaveExecutor:
         dev = q.device
         _, n_ret = retrieved_layout(prep.max_rows)
         n_std = steady_splits(steady.keys.shape[2])
-        _, n_est = estimate_layout(prep.e_max, C)
+        _, n_est = estimate_layout(prep.e_max)
         P = n_ret + n_std + n_est
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))

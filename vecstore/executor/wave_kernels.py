@@ -62,7 +62,6 @@ _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
 _ESTIMATE_STAGES = 3
-_EST_DENSE = False
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 # the merge: partial outputs per step of its loop, head dims per program
 _COMBINE_BLOCK = 16
@@ -148,29 +147,20 @@ def _steady_kernel(
 
 
 def _estimated_kernel(
-    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, zone_ptr, part_out_ptr, part_lse_ptr,
+    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
     C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
-    DOT_F32: tl.constexpr, DENSE: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
-    # positions [split * split_len, ...) of the row's compacted estimated clusters, or with
-    # DENSE of all its clusters, those marked estimated (zone 2) taken: the weights are then
-    # read along the row instead of gathered
+    # positions [split * split_len, ...) of the row's compacted estimated clusters
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     e0 = split * split_len
-    if DENSE:
-        e1 = tl.minimum(e0 + split_len, C)
-    else:
-        e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
+    e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
     m_i, l_i, acc = empty_state(BLOCK_G, D)
     for e in range(e0, e1, BLOCK_E):
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
-        if DENSE:
-            idx = pos.to(tl.int64)
-            use = use & (tl.load(zone_ptr + row * C + pos, mask=use, other=0) == 2)
-        else:
-            idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
+        idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
         w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
                     mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
@@ -300,12 +290,11 @@ def attend_steady(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     )
 
 
-def estimate_layout(e_max: int, clusters: int) -> tuple[int, int]:
-    """``(positions per split, splits)`` of an estimation zone of at most ``e_max`` clusters
-    among ``clusters`` (with ``_EST_DENSE`` the positions are all the clusters)."""
-    n = clusters if _EST_DENSE else e_max
-    per = max(ESTIMATE_SPLIT, triton.cdiv(triton.cdiv(n, _ESTIMATE_SPLITS), _BLOCK_E) * _BLOCK_E)
-    return per, max(1, triton.cdiv(n, per))
+def estimate_layout(e_max: int) -> tuple[int, int]:
+    """``(positions per split, splits)`` of an estimation zone of at most ``e_max`` clusters."""
+    per = max(ESTIMATE_SPLIT,
+              triton.cdiv(triton.cdiv(e_max, _ESTIMATE_SPLITS), _BLOCK_E) * _BLOCK_E)
+    return per, max(1, triton.cdiv(e_max, per))
 
 
 def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
@@ -317,12 +306,12 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
     rows, num_clusters, dim = vmean.shape
     group = weights.shape[0] // rows
     e_max = zones.est_ids.shape[1]
-    per, num_splits = estimate_layout(e_max, num_clusters)
+    per, num_splits = estimate_layout(e_max)
     _ESTIMATED[(rows, num_splits)](
-        weights, vmean, zones.est_ids, zones.est_count, zones.zone, parts[0], parts[1],
+        weights, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
         num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(vmean.dtype), DENSE=_EST_DENSE, num_warps=_ESTIMATE_WARPS,
+        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
         num_stages=_ESTIMATE_STAGES,
     )
 
