@@ -48,7 +48,6 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
-_FUSE_ZONES = False
 
 
 @EXECUTORS.register("wave")
@@ -237,7 +236,6 @@ class WaveExecutor:
             attend_estimated,
             attend_retrieved,
             attend_steady,
-            attend_zones,
             combine,
             estimate_layout,
             fill_rowmap,
@@ -291,24 +289,16 @@ class WaveExecutor:
                             steady_done.record()
                 select_ranked(logits, prep.sizes[r0:r1], prep.first_row[r0:r1],
                               prep.k1[r0:r1], prep.k2[r0:r1], z)
-                if buf is None and _FUSE_ZONES:
-                    rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
-                    fill_rowmap(z, rowmap)
-                    attend_zones(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1],
-                                 weights[x0:x1], prep.vmean[r0:r1], z, rowmap, scale, part,
-                                 n_ret + n_std)
-                else:
-                    if side is not None:
-                        side.wait_stream(sel)  # the estimated zone reads other bytes
-                    with on(side):
-                        attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part,
-                                         n_ret + n_std)
-                if buf is None and not _FUSE_ZONES:
+                if side is not None:
+                    side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
+                with on(side):
+                    attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
+                if buf is None:
                     rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
                     fill_rowmap(z, rowmap)
                     attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
                                      scale, part, 0)
-                elif buf is not None:
+                else:
                     self._attend_offloaded(buf, z, qf[x0:x1], scale, part)
                 if sel is not None:
                     sel.wait_stream(side)

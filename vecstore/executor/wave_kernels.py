@@ -23,7 +23,6 @@ from vecstore.kernels._device import (
     empty_state,
     load_queries,
     query_group,
-    row_group,
     store_merged,
     store_state,
 )
@@ -39,7 +38,6 @@ __all__ = [
     "attend_retrieved",
     "attend_steady",
     "attend_estimated",
-    "attend_zones",
     "combine",
     "RETRIEVED_SPLIT",
     "STEADY_SPLIT",
@@ -64,8 +62,6 @@ _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
 _ESTIMATE_STAGES = 3
-_ZONES_WARPS = 4
-_ZONES_STAGES = 3
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 # the merge: partial outputs per step of its loop, head dims per program
 _COMBINE_BLOCK = 16
@@ -99,16 +95,16 @@ def _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
     return _softmax_step(s, v, m_i, l_i, acc)
 
 
-@triton.jit
-def _retrieved_split(
-    row, split, q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr, part_out_ptr, part_lse_ptr,
+def _retrieved_kernel(
+    q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
+    part_out_ptr, part_lse_ptr,
     N, M, R_MAX, scale, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # execution positions [split * split_len, ...) of the row's retrieved rows: read from a
     # contiguous execution buffer (CONTIG) or, in place, through the row map
-    offs_d, qrows, g_mask = row_group(row, G, BLOCK_G, D)
+    row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     total = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
     p0 = split * split_len
@@ -126,19 +122,6 @@ def _retrieved_split(
                                      DOT_F32)
     store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
                 split_base + split, num_parts, m_i, l_i, acc, D)
-
-
-def _retrieved_kernel(
-    q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
-    part_out_ptr, part_lse_ptr,
-    N, M, R_MAX, scale, split_base, num_parts, split_len,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
-):
-    _retrieved_split(tl.program_id(0).to(tl.int64), tl.program_id(1), q_ptr, k_ptr, v_ptr,
-                     map_ptr, cum_ptr, count_ptr, part_out_ptr, part_lse_ptr, N, M, R_MAX,
-                     scale, split_base, num_parts, split_len, G, D, BLOCK_G, BLOCK_N, CONTIG,
-                     DOT_F32)
 
 
 def _steady_kernel(
@@ -163,15 +146,14 @@ def _steady_kernel(
                 split_base + split, num_parts, m_i, l_i, acc, D)
 
 
-@triton.jit
-def _estimated_split(
-    row, split, weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
+def _estimated_kernel(
+    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
     C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     # positions [split * split_len, ...) of the row's compacted estimated clusters
-    offs_d, qrows, g_mask = row_group(row, G, BLOCK_G, D)
+    row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     e0 = split * split_len
     e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
     m_i, l_i, acc = empty_state(BLOCK_G, D)
@@ -188,46 +170,6 @@ def _estimated_split(
         m_i, l_i, acc = _softmax_step(w, vm, m_i, l_i, acc)
     store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
                 split_base + split, num_parts, m_i, l_i, acc, D)
-
-
-def _estimated_kernel(
-    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
-    C, E_MAX, split_base, num_parts, split_len,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
-    DOT_F32: tl.constexpr,
-):
-    _estimated_split(tl.program_id(0).to(tl.int64), tl.program_id(1), weight_ptr, vmean_ptr,
-                     est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr, C, E_MAX, split_base,
-                     num_parts, split_len, G, D, BLOCK_G, BLOCK_E, DOT_F32)
-
-
-def _zones_kernel(
-    q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
-    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
-    N, M, R_MAX, scale, ret_len, C, E_MAX, est_base, est_len, num_parts,
-    ROWS, NR, NE,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_E: tl.constexpr, DOT_F32: tl.constexpr,
-):
-    # the retrieved (NR splits a row) and estimated (NE) zones in one launch of
-    # ROWS * (NR + NE) programs, the estimated ones spread evenly among the retrieved ones:
-    # program p is the (p * E // T)-th estimated one when that count steps at p (E of T
-    # programs), else the (p - p * E // T)-th retrieved one. The block scheduler then keeps
-    # both kinds on every SM: the gathers of the estimation (L1-bound) next to the
-    # retrieved rows' reads (DRAM-bound)
-    p = tl.program_id(0).to(tl.int64)
-    total = ROWS * (NR + NE)
-    n_est = ROWS * NE
-    before = p * n_est // total
-    if (p + 1) * n_est // total > before:
-        _estimated_split(before // NE, before % NE, weight_ptr, vmean_ptr, est_ptr,
-                         est_count_ptr, part_out_ptr, part_lse_ptr, C, E_MAX, est_base,
-                         num_parts, est_len, G, D, BLOCK_G, BLOCK_E, DOT_F32)
-    else:
-        j = p - before
-        _retrieved_split(j // NR, j % NR, q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
-                         part_out_ptr, part_lse_ptr, N, M, R_MAX, scale, 0, num_parts, ret_len,
-                         G, D, BLOCK_G, BLOCK_N, False, DOT_F32)
 
 
 def _rowmap_kernel(cum_ptr, count_ptr, rstart_ptr, rowmap_ptr, R_MAX, M,
@@ -281,7 +223,6 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, P,
 _RETRIEVED = LazyKernel(_retrieved_kernel)
 _STEADY = LazyKernel(_steady_kernel)
 _ESTIMATED = LazyKernel(_estimated_kernel)
-_ZONES = LazyKernel(_zones_kernel)
 _COMBINE = LazyKernel(_combine_kernel)
 _ROWMAP = LazyKernel(_rowmap_kernel)
 
@@ -372,29 +313,6 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
         DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
         num_stages=_ESTIMATE_STAGES,
-    )
-
-
-def attend_zones(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
-                 rowmap: torch.Tensor, scale: float, parts: tuple[torch.Tensor, torch.Tensor],
-                 est_base: int) -> None:
-    """:func:`attend_retrieved` (through ``rowmap``, parts from 0) and
-    :func:`attend_estimated` (parts from ``est_base``) in one launch, their programs
-    interleaved so that both run on every SM at once."""
-    rows, n_rows, dim = keys.shape
-    group = q.shape[0] // rows
-    m = rowmap.shape[1]
-    ret_len, n_ret = retrieved_layout(m)
-    e_max = zones.est_ids.shape[1]
-    est_len, n_est = estimate_layout(e_max)
-    _ZONES[(rows * (n_ret + n_est),)](
-        q, keys, values, rowmap, zones.cum, zones.count, weights, vmean, zones.est_ids,
-        zones.est_count, parts[0], parts[1], n_rows, m, zones.ids.shape[1], scale, ret_len,
-        vmean.shape[1], e_max, est_base, est_len, parts[1].shape[1], rows, n_ret, n_est,
-        G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        BLOCK_E=_BLOCK_E, DOT_F32=needs_f32_dot(keys.dtype), num_warps=_ZONES_WARPS,
-        num_stages=_ZONES_STAGES,
     )
 
 

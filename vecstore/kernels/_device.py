@@ -17,7 +17,6 @@ import triton.language as tl
 
 __all__ = [
     "query_group",
-    "row_group",
     "load_queries",
     "empty_state",
     "add_values",
@@ -32,16 +31,11 @@ def query_group(G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK: tl.constexpr):
     # (grid axis 1); the offsets 0..BLOCK-1 along a tile's inner dimension (head dim, splits);
     # the query rows of the row's G heads and which of the BLOCK_G lanes hold one
     row = tl.program_id(0).to(tl.int64)
-    offs, qrows, g_mask = row_group(row, G, BLOCK_G, BLOCK)
-    return row, tl.program_id(1), offs, qrows, g_mask
-
-
-@triton.jit
-def row_group(row, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK: tl.constexpr):
-    # query_group for a given row: the offsets 0..BLOCK-1, the row's query rows, which lanes
-    # hold one
+    split = tl.program_id(1)
     offs_g = tl.arange(0, BLOCK_G)
-    return tl.arange(0, BLOCK), row * G + offs_g, offs_g < G
+    offs = tl.arange(0, BLOCK)
+    g_mask = offs_g < G
+    return row, split, offs, row * G + offs_g, g_mask
 
 
 @triton.jit
