@@ -67,7 +67,7 @@ def _logits_kernel(
 def _score_kernel(
     rank_ptr, pmax_ptr, psum_ptr, score_ptr, counts_ptr, C, num_splits,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, SHARE: tl.constexpr,
+    PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # ranking score sum_g softmax_g(ranking logits)_j of a chunk, then the first radix pass
     row, chunk, offs_s, qrows, g_mask = query_group(G, BLOCK_G, BLOCK_S)
@@ -84,7 +84,7 @@ def _score_kernel(
     tl.store(score_ptr + row * C + idx, sc, mask=valid)
     key = radix_keys(sc)  # the first radix pass: no prefix yet, the same for k1 and k2
     hist = counts_ptr + row * 2 * PASSES * (1 << BITS)
-    radix_count(key, valid, 0, 0, hist, hist + PASSES * (1 << BITS), 0, BITS, SHARE)
+    radix_count(key, valid, 0, 0, hist, hist + PASSES * (1 << BITS), 0, BITS)
 
 
 LOGITS = LazyKernel(_logits_kernel)

@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.executor import wave_radix
 from vecstore.executor.wave_radix import (
     RADIX_BITS,
     RADIX_PASSES,
@@ -312,7 +311,7 @@ def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
     SCORE[(rows, nchunk)](logits.rank, logits.pmax, logits.psum, score, counts, num_clusters,
                            splits, G=group, BLOCK_G=triton.next_power_of_2(group),
                            BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
-                           BITS=RADIX_BITS, BLOCK=block, SHARE=wave_radix._SHARE_HIST)
+                           BITS=RADIX_BITS, BLOCK=block)
     _finish_select(score, sizes, first_row, k1, k2, counts, ncand, 1, out)
 
 
