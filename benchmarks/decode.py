@@ -76,6 +76,21 @@ def make_inputs(batch: int, tokens: int, dev: torch.device, seed: int):
     return view, steady, q
 
 
+def full_attention(view: IndexView, steady: Steady, q: torch.Tensor) -> torch.Tensor:
+    """Exact float32 attention of ``q [B, HQ, D]`` over each sequence's steady zone and view
+    rows: what the wave step approximates, ``[B, HQ, 1, D]``."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(steady.lengths[b])
+        k = torch.cat([steady.keys[b, :, :n], view.keys[b]], dim=1).float()
+        v = torch.cat([steady.values[b, :, :n], view.values[b]], dim=1).float()
+        qb = q[b].float().view(HKV, HQ // HKV, D)
+        p = (torch.einsum("hgd,hnd->hgn", qb, k) * SCALE).softmax(dim=-1)
+        outs.append(torch.einsum("hgn,hnd->hgd", p, v).reshape(HQ, 1, D))
+        del k, v, p
+    return torch.stack(outs)
+
+
 def ideal_bytes(view: IndexView, res, steady: Steady) -> dict[str, float]:
     """Bytes the method must move per step (each read once)."""
     B, H, C = view.sizes.shape
@@ -116,35 +131,47 @@ def resident(timer: Timer, ceil: dict[str, float], batch: int, tokens: int, dev:
                                                                LAYER)
     ex = WaveExecutor(dev.type)
     got = ex.run(index, view, steady, q4, SCALE, LAYER)
+    ex8 = WaveExecutor(dev.type, score_dtype=torch.int8)
+    got8 = ex8.run(index, view, steady, q4, SCALE, LAYER)
+    full = full_attention(view, steady, q)
     row = {"mode": "gpu", "batch": batch, "context": tokens,
            "err_f32_plan": rel_err(exact[0], ref[0]), "err_bf16": rel_err(got[0], ref[0]),
-           "lse_err_bf16": rel_err(got[1], ref[1])}
+           "lse_err_bf16": rel_err(got[1], ref[1]), "err_sq8": rel_err(got8[0], ref[0]),
+           "exact_err_ref": rel_err(ref[0], full), "exact_err_bf16": rel_err(got[0], full),
+           "exact_err_sq8": rel_err(got8[0], full)}
     assert row["err_f32_plan"] < 1e-2 and row["err_bf16"] < 2e-2, row
-    prep = ex.prepare(view, LAYER, index)
     qs = q.contiguous()
-    graph, res = capture(lambda: ex.decode(prep, steady, qs, SCALE))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel_err(res.out, got[0][:, :, 0]) < 1e-3
+    graphs = {}
+    for name, executor, answer in (("wave", ex, got), ("wave_sq8", ex8, got8)):
+        prep = executor.prepare(view, LAYER, index)
+        graph, res = capture(lambda e=executor, p=prep: e.decode(p, steady, qs, SCALE))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(res.out, answer[0][:, :, 0]) < 1e-3
+        graphs[name] = (graph, res)
+    graph, res = graphs["wave"]
     eager = WaveExecutor(dev.type, use_graphs=False)
     fns = {
         "sdpa": lambda: F.scaled_dot_product_attention(q4, view.keys, view.values,
                                                        enable_gqa=True),
         "wave": graph.replay,
+        "wave_sq8": graphs["wave_sq8"][0].replay,
         "wave_run": lambda: ex.run(index, view, steady, q4, SCALE, LAYER),
         "wave_eager": lambda: eager.run(index, view, steady, q4, SCALE, LAYER),
     }
     if with_torch_ref:
         fns["torch_ref"] = lambda: TorchExecutor(dev.type).run(index, view, steady, q4, SCALE,
                                                             LAYER)
-    t = timer.times(fns, reps=15, device_only=("sdpa", "wave"))
+    t = timer.times(fns, reps=15, device_only=("sdpa", "wave", "wave_sq8"))
     b = ideal_bytes(view, res, steady)
     wave_bytes = sum(v for k, v in b.items() if k.endswith("_bytes"))
     sdpa_bytes = 2.0 * view.keys.numel() * 2
     hbm = ceil["hbm_copy_gbs"]
     row.update({f"{k}_ms": v for k, v in t.items()})
     row.update(
-        speedup=t["sdpa"] / t["wave"], speedup_run=t["sdpa"] / t["wave_run"],
+        speedup=t["sdpa"] / t["wave"], speedup_sq8=t["sdpa"] / t["wave_sq8"],
+        wave_floor_sq8_ms=(wave_bytes - b["centroid_bytes"] * (D - 4) / (2 * D)) / hbm / 1e6,
+        speedup_run=t["sdpa"] / t["wave_run"],
         speedup_eager=t["sdpa"] / t["wave_eager"],
         wave_bytes_mb=wave_bytes / 1e6, wave_floor_ms=wave_bytes / hbm / 1e6,
         wave_gbs=wave_bytes / t["wave"] / 1e6, sdpa_gbs=sdpa_bytes / t["sdpa"] / 1e6,
@@ -377,10 +404,12 @@ def main() -> None:
                       "sleep (device time), step_wall_ms on odd steps (host launch included)"}
     cols = ["mode", "policy", "batch", "context", "sdpa_ms", "wave_ms", "wave_run_ms",
             "wave_eager_ms", "torch_ref_ms", "speedup", "speedup_run", "speedup_eager",
-            "wave_floor_ms", "wave_gbs", "sdpa_gbs",
+            "wave_floor_ms", "wave_sq8_ms", "speedup_sq8", "wave_floor_sq8_ms",
+            "wave_gbs", "sdpa_gbs",
             "byte_ratio", "step_gpu_ms", "step_wall_ms", "floor_ms", "over_floor", "hit_rate",
             "miss_mb_per_step", "pcie_gbs", "stream_full_ms", "speedup_vs_stream",
-            "policy_lag_steps", "err_bf16"]
+            "policy_lag_steps", "err_bf16", "err_sq8", "exact_err_ref", "exact_err_bf16",
+            "exact_err_sq8"]
     write_results(args.out, "decode", meta, rows, cols, "Decode attention, one layer")
     plot(rows, args.out / "decode.png")
     print("\n" + (args.out / "decode.md").read_text(), flush=True)

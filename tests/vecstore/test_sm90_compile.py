@@ -97,6 +97,7 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16)  # in pipelined row groups
         _decode(torch.bfloat16, simulate_offload=True)
         _decode(torch.float32, score_dtype=torch.float32)
+        _decode(torch.bfloat16, score_dtype=torch.int8)
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
     launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},

@@ -30,8 +30,10 @@ import torch
 
 from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.config import LayerConfig
+from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.plan import zone_sizes
+from vecstore.executor.sq8 import quantize
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_state import (
     CapturedStep,
@@ -48,6 +50,7 @@ from vecstore.types import QueryStats
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
 
 _MAX_PREPARED = 512
+_SCORE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16, torch.int8)
 
 
 @EXECUTORS.register("wave")
@@ -63,7 +66,9 @@ class WaveExecutor:
         under ``TRITON_INTERPRET=1`` (tests); ``torch`` always uses the reference.
     score_dtype : torch.dtype, optional
         Dtype of the centroids used for scoring; the KV dtype by default (half the bytes of
-        float32). ``torch.float32`` ranks exactly as the reference does.
+        float32). ``torch.float32`` ranks exactly as the reference does; ``torch.int8``
+        scores int8 codes with a scale per centroid (:mod:`~vecstore.executor.sq8`), half
+        the bytes of bfloat16 again.
     cache_policy : str
         Replacement policy of the block cache of offloaded views.
     cache_capacity : float
@@ -94,6 +99,10 @@ class WaveExecutor:
                  score_dtype: torch.dtype | None = None, cache_policy: str = "lru",
                  cache_capacity: float = 0.05, slot_tokens: int = 32,
                  simulate_offload: bool = False, use_graphs: bool = True) -> None:
+        if score_dtype not in _SCORE_DTYPES:
+            raise ConfigError(f"score_dtype must be one of "
+                              f"{', '.join(str(d) for d in _SCORE_DTYPES[1:])} or None, "
+                              f"got {score_dtype!r}")
         self.device = device
         self.backend = backend
         self.score_dtype = score_dtype
@@ -189,7 +198,12 @@ class WaveExecutor:
         e_max = max(1, int((k2 - k1).max()))
         sizes = view.sizes.reshape(rows, C)
         vmean = view.meta["value_sums"] / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
-        cent = view.meta["centroids"].to(self.score_dtype or kv_dtype).contiguous()
+        cent, code_scales = view.meta["centroids"], None
+        if self.score_dtype == torch.int8:
+            cent, code_scales = quantize(cent)
+            code_scales = code_scales.reshape(rows, C).contiguous()
+        else:
+            cent = cent.to(self.score_dtype or kv_dtype).contiguous()
         keys = view.keys.reshape(rows, N, D)
         values = view.values.reshape(rows, N, D)
         # the execution buffer fits the r_max largest clusters of any row
@@ -210,7 +224,7 @@ class WaveExecutor:
             first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
             keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
             e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
-            radii=radii, radius_weight=weight,
+            radii=radii, radius_weight=weight, code_scales=code_scales,
         )
 
     # -- the step ------------------------------------------------------------------------
@@ -255,7 +269,7 @@ class WaveExecutor:
         parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
                  torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
         qf = q.reshape(B * Hq, D).contiguous()
-        qs = qf.to(prep.centroids.dtype)
+        qs = qf if prep.code_scales is not None else qf.to(prep.centroids.dtype)
         cent = prep.centroids.view(rows, C, D)
         weights = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
@@ -270,8 +284,9 @@ class WaveExecutor:
             r0, r1 = g * rows // groups, (g + 1) * rows // groups
             x0, x1 = r0 * G, r1 * G
             radii = prep.radii[r0:r1] if prep.radii is not None else None
+            scales = prep.code_scales[r0:r1] if prep.code_scales is not None else None
             logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
-                                     prep.radius_weight, weights[x0:x1])
+                                     prep.radius_weight, weights[x0:x1], scales)
             sel, side = self._streams.get(dev, "select", g), self._streams.get(dev, "side", g)
             if sel is not None:
                 sel.wait_stream(main)  # this group's logits; the next group's follow on main

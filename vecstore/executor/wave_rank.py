@@ -25,14 +25,15 @@ __all__ = ["LOGITS", "SCORE"]
 
 
 def _logits_kernel(
-    q_ptr, c_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C, split_len,
-    num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr, RADIUS: tl.constexpr,
+    q_ptr, c_ptr, cs_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C,
+    split_len, num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr,
+    RADIUS: tl.constexpr, SQ8: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
-    # read once per group), -inf for empty clusters: the ranking logits (with RADIUS plus
-    # the radius term), the estimation weights logit + log size, and each head's max and sum
-    # of exp of the ranking logits
+    # read once per group; with SQ8 int8 codes times their scales cs), -inf for empty
+    # clusters: the ranking logits (with RADIUS plus the radius term), the estimation weights
+    # logit + log size, and each head's max and sum of exp of the ranking logits
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, False)
     qf = q.to(tl.float32)
@@ -47,7 +48,10 @@ def _logits_kernel(
         offs_c = c0 + tl.arange(0, BLOCK_C)
         c_mask = offs_c < end
         lg = centroid_logits(q, c_ptr, n_ptr, row, C, offs_c, c_mask, c_mask[:, None], offs_d,
-                             scale, D, None, DOT_F32)  # None: Triton's default dot precision
+                             scale, D, None)  # None: Triton's default dot precision
+        if SQ8:
+            cs = tl.load(cs_ptr + row * C + offs_c, mask=c_mask, other=1.0)
+            lg = tl.where(lg > float("-inf"), lg * cs[None, :], lg)
         out_mask = g_mask[:, None] & c_mask[None, :]
         out = qrows[:, None] * C + offs_c[None, :]
         n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=1)

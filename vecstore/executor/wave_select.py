@@ -244,15 +244,15 @@ class Logits:
 
 def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, scale: float, radius_weight: float,
-                    weights: torch.Tensor) -> Logits:
+                    weights: torch.Tensor, code_scales: torch.Tensor | None = None) -> Logits:
     """Score every cluster for every query head (the index probe's bandwidth-bound part).
 
     Parameters
     ----------
     q : torch.Tensor
-        ``[rows * G, D]`` queries, the centroids' dtype.
+        ``[rows * G, D]`` queries, the centroids' dtype (a float dtype for int8 centroids).
     centroids : torch.Tensor
-        ``[rows, C, D]``.
+        ``[rows, C, D]``, float, or int8 codes with ``code_scales`` (:mod:`~vecstore.executor.sq8`).
     radii : torch.Tensor | None
         ``[rows, C]`` float32 cluster radii; ``None`` ranks by the centroids alone.
     sizes : torch.Tensor
@@ -262,6 +262,8 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     weights : torch.Tensor
         ``[rows * G, C]`` float32, written: the estimation zone's log weights
         ``scale * q . c_j + log n_j``, ``-inf`` for empty clusters.
+    code_scales : torch.Tensor | None
+        ``[rows, C]`` float32 scales of int8 ``centroids``.
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
@@ -276,11 +278,13 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     use_radius = radius_weight != 0.0 and radii is not None
     rank = torch.empty_like(weights)
     r = radii if use_radius else weights  # any pointer; unread without RADIUS
-    LOGITS[(rows, splits)](q, centroids, sizes, r, weights, rank, pmax, psum, num_clusters,
-                            split_len, splits, scale, scale * radius_weight, G=group, D=dim,
+    sq8 = code_scales is not None
+    LOGITS[(rows, splits)](q, centroids, code_scales if sq8 else weights, sizes, r, weights,
+                            rank, pmax, psum, num_clusters, split_len, splits, scale,
+                            scale * radius_weight, G=group, D=dim,
                             BLOCK_G=max(16, triton.next_power_of_2(group)),
                             BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
-                            RADIUS=use_radius, num_warps=_LOGITS_WARPS,
+                            RADIUS=use_radius, SQ8=sq8, num_warps=_LOGITS_WARPS,
                             num_stages=_LOGITS_STAGES)
     return Logits(rank, pmax, psum)
 

@@ -75,7 +75,7 @@ class PreparedView:
     view : IndexView
         The source view (kept alive so its id stays unique).
     centroids : torch.Tensor
-        ``[B, Hkv, C, D]`` in the scoring dtype.
+        ``[B, Hkv, C, D]`` in the scoring dtype (int8 codes for ``score_dtype=torch.int8``).
     vmean : torch.Tensor
         ``[rows, C, D]`` value means ``VS_j / n_j`` in the KV dtype.
     sizes, first_row : torch.Tensor
@@ -99,6 +99,8 @@ class PreparedView:
         ``[rows, C]`` float32 cluster radii, or ``None`` when ranking by centroids alone.
     radius_weight : float
         The index's ``radius_weight`` (0.0 without radii).
+    code_scales : torch.Tensor | None
+        ``[rows, C]`` float32 scales of int8 centroid codes (:mod:`~vecstore.executor.sq8`).
     graph : CapturedStep | None
         The captured decode step (CUDA).
     """
@@ -119,6 +121,7 @@ class PreparedView:
     buffer: WaveBuffer | None
     radii: torch.Tensor | None
     radius_weight: float
+    code_scales: torch.Tensor | None = None
     graph: CapturedStep | None = None
 
 

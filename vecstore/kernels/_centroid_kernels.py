@@ -75,7 +75,6 @@ def _logits_kernel(
             scale,
             D,
             PRECISION,
-            DOT_F32,
         )  # [BLOCK_G, BLOCK_C]
         tl.store(
             logits_ptr + rows[:, None] * C + offs_c[None, :],

@@ -31,15 +31,15 @@ def centroid_logits(
     scale,
     D: tl.constexpr,
     PRECISION: tl.constexpr,
-    DOT_F32: tl.constexpr,
 ):
-    # logits [G, BLOCK_C] of the queries q against centroids offs_c of the row; -inf for empty
-    # clusters (size <= 0)
+    # logits [G, BLOCK_C] of the queries q against centroids offs_c of the row, read in any
+    # dtype and multiplied in q's (float32 for float32 dots, int8 codes exactly in bfloat16);
+    # -inf for empty clusters (size <= 0)
     cent = tl.load(
         c_ptr + (row * C + offs_c)[:, None] * D + offs_d[None, :], mask=cent_mask, other=0.0
     )  # [BLOCK_C, BLOCK_D]
-    if DOT_F32:
-        cent = cent.to(tl.float32)
+    if cent.dtype != q.dtype:
+        cent = cent.to(q.dtype)
     sizes = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=0)
     logits = tl.dot(q, tl.trans(cent), input_precision=PRECISION) * scale
     return tl.where((sizes > 0)[None, :], logits, float("-inf"))
