@@ -9,7 +9,8 @@ timed interleaved with SDPA full attention as device time (`benchmarks.common.Ti
 
     python benchmarks/variants.py --sizes 8x131072 4x1048576 \\
         --variant base \\
-        --variant kept4 vecstore.executor.wave_radix._KEPT=4
+        --variant kept4 vecstore.executor.wave_radix._KEPT=4 \\
+        --variant sq8 executor.score_dtype="'int8'"
 
 Writes ``variants.{json,md}`` under ``--out`` (default ``benchmarks/results``).
 """
@@ -32,8 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 Setting = tuple[Any, str, Any]  # (module, attribute, value)
 
 
+class ExecutorArgs:
+    """The target of ``executor.NAME=value`` settings: keyword arguments of the variant's
+    :class:`~vecstore.executor.wave_exec.WaveExecutor` (``score_dtype`` by torch dtype
+    name, e.g. ``executor.score_dtype='int8'``)."""
+
+    __name__ = "executor"
+    score_dtype = None
+
+    def kwargs(self) -> dict[str, Any]:
+        dtype = self.score_dtype
+        return {"score_dtype": getattr(torch, dtype) if dtype else None}
+
+
+EXECUTOR = ExecutorArgs()
+
+
 def parse_setting(text: str) -> Setting:
-    """``"pkg.module.ATTR=literal"`` -> ``(module, "ATTR", value)``.
+    """``"pkg.module.ATTR=literal"`` -> ``(module, "ATTR", value)``; ``executor.ATTR``
+    targets :data:`EXECUTOR`.
 
     Raises
     ------
@@ -44,7 +62,7 @@ def parse_setting(text: str) -> Setting:
     path, _, attr = target.strip().rpartition(".")
     if not sep or not path or not attr:
         raise ValueError(f"setting {text!r}: expected module.ATTR=value")
-    module = importlib.import_module(path)
+    module = EXECUTOR if path == "executor" else importlib.import_module(path)
     if not hasattr(module, attr):
         raise ValueError(f"setting {text!r}: {path} has no attribute {attr!r}")
     try:
@@ -93,7 +111,7 @@ def run_size(timer, batch: int, tokens: int, variants: list[tuple[str, list[Sett
     fns, checks, keep = {}, {}, []
     for name, settings in variants:
         with applied(settings):
-            ex = WaveExecutor(dev.type)
+            ex = WaveExecutor(dev.type, **EXECUTOR.kwargs())
             prep = ex.prepare(view, dec.LAYER, index)
             graph, res = dec.capture(lambda ex=ex, prep=prep: ex.decode(prep, steady, qs,
                                                                         dec.SCALE))

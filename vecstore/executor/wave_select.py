@@ -50,6 +50,7 @@ _LOGITS_STAGES = 2
 # splits of a row at most: 0.164 against 0.175 ms at 1 x 1M with 128 instead of 64 (8 rows fill
 # the SMs), the same at 8 x 128K, 4 x 1M, 8 x 1M
 _LOGITS_MAX_SPLITS = 128
+_SQ8_SWAP = False
 
 
 @triton.jit
@@ -284,7 +285,8 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
                             scale * radius_weight, G=group, D=dim,
                             BLOCK_G=max(16, triton.next_power_of_2(group)),
                             BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
-                            RADIUS=use_radius, SQ8=sq8, num_warps=_LOGITS_WARPS,
+                            RADIUS=use_radius, SQ8=sq8, SWAP=sq8 and _SQ8_SWAP,
+                            num_warps=_LOGITS_WARPS,
                             num_stages=_LOGITS_STAGES)
     return Logits(rank, pmax, psum)
 
