@@ -256,7 +256,6 @@ class WaveExecutor:
             retrieved_layout,
             steady_splits,
         )
-        from vecstore.executor import wave_kernels
         from vecstore.executor.wave_select import centroid_logits, select_ranked
 
         B, Hq, D = q.shape
@@ -287,8 +286,7 @@ class WaveExecutor:
             radii = prep.radii[r0:r1] if prep.radii is not None else None
             scales = prep.code_scales[r0:r1] if prep.code_scales is not None else None
             logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
-                                     prep.radius_weight, weights[x0:x1], scales,
-                                     not wave_kernels._EST_RECOMPUTE)
+                                     prep.radius_weight, weights[x0:x1], scales)
             sel, side = self._streams.get(dev, "select", g), self._streams.get(dev, "side", g)
             if sel is not None:
                 sel.wait_stream(main)  # this group's logits; the next group's follow on main
@@ -309,11 +307,7 @@ class WaveExecutor:
                 if side is not None:
                     side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
                 with on(side):
-                    probe = None
-                    if wave_kernels._EST_RECOMPUTE:
-                        probe = (qs[x0:x1], cent[r0:r1], scales, prep.sizes[r0:r1], scale)
-                    attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std,
-                                     probe)
+                    attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
                 if buf is None:
                     rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
                     fill_rowmap(z, rowmap)

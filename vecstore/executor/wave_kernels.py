@@ -62,7 +62,6 @@ _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
 _ESTIMATE_STAGES = 3
-_EST_RECOMPUTE = False
 _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 # the merge: partial outputs per step of its loop, head dims per program
 _COMBINE_BLOCK = 16
@@ -148,15 +147,13 @@ def _steady_kernel(
 
 
 def _estimated_kernel(
-    weight_ptr, q_ptr, c_ptr, cs_ptr, n_ptr, vmean_ptr, est_ptr, est_count_ptr,
-    part_out_ptr, part_lse_ptr, C, E_MAX, scale, split_base, num_parts, split_len,
+    weight_ptr, vmean_ptr, est_ptr, est_count_ptr, part_out_ptr, part_lse_ptr,
+    C, E_MAX, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_E: tl.constexpr,
-    DOT_F32: tl.constexpr, RECOMPUTE: tl.constexpr, SQ8: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     # positions [split * split_len, ...) of the row's compacted estimated clusters
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
-    if RECOMPUTE:
-        q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     e0 = split * split_len
     e1 = tl.minimum(e0 + split_len, tl.load(est_count_ptr + row))
     m_i, l_i, acc = empty_state(BLOCK_G, D)
@@ -164,18 +161,8 @@ def _estimated_kernel(
         pos = e + tl.arange(0, BLOCK_E)
         use = pos < e1
         idx = tl.load(est_ptr + row * E_MAX + pos, mask=use, other=0).to(tl.int64)
-        if RECOMPUTE:
-            cent = tl.load(c_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
-                           mask=use[:, None], other=0).to(q.dtype)
-            w = tl.dot(q, tl.trans(cent)) * scale
-            if SQ8:
-                w = w * tl.load(cs_ptr + row * C + idx, mask=use, other=1.0)[None, :]
-            n = tl.load(n_ptr + row * C + idx, mask=use, other=1)
-            w = w + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :]
-            w = tl.where(use[None, :], w, float("-inf"))
-        else:
-            w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
-                        mask=g_mask[:, None] & use[None, :], other=float("-inf"))
+        w = tl.load(weight_ptr + qrows[:, None] * C + idx[None, :],
+                    mask=g_mask[:, None] & use[None, :], other=float("-inf"))
         vm = tl.load(vmean_ptr + (row * C + idx)[:, None] * D + offs_d[None, :],
                      mask=use[:, None], other=0.0)
         if DOT_F32:
@@ -311,8 +298,7 @@ def estimate_layout(e_max: int) -> tuple[int, int]:
 
 
 def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
-                     parts: tuple[torch.Tensor, torch.Tensor], split_base: int,
-                     probe: tuple | None = None) -> None:
+                     parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
     """Partial states of the estimated clusters (``zones.est_ids``): log weights
     ``logit + log size`` ``[rows * G, C]`` float32 (as
     :func:`~vecstore.executor.wave_select.centroid_logits` writes them), value means
@@ -321,15 +307,12 @@ def attend_estimated(weights: torch.Tensor, vmean: torch.Tensor, zones: Zones,
     group = weights.shape[0] // rows
     e_max = zones.est_ids.shape[1]
     per, num_splits = estimate_layout(e_max)
-    q, cent, cs, sizes, scale = probe if probe is not None else (weights,) * 4 + (1.0,)
     _ESTIMATED[(rows, num_splits)](
-        weights, q, cent, cs if cs is not None else weights, sizes, vmean, zones.est_ids,
-        zones.est_count, parts[0], parts[1], num_clusters, e_max, scale, split_base,
-        parts[1].shape[1], per,
+        weights, vmean, zones.est_ids, zones.est_count, parts[0], parts[1],
+        num_clusters, e_max, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_E=_BLOCK_E,
-        DOT_F32=needs_f32_dot(q.dtype) or needs_f32_dot(vmean.dtype),
-        RECOMPUTE=probe is not None, SQ8=probe is not None and cs is not None,
-        num_warps=_ESTIMATE_WARPS, num_stages=_ESTIMATE_STAGES,
+        DOT_F32=needs_f32_dot(vmean.dtype), num_warps=_ESTIMATE_WARPS,
+        num_stages=_ESTIMATE_STAGES,
     )
 
 

@@ -28,7 +28,7 @@ def _logits_kernel(
     q_ptr, c_ptr, cs_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C,
     split_len, num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr,
-    RADIUS: tl.constexpr, SQ8: tl.constexpr, SWAP: tl.constexpr, WEIGHTS: tl.constexpr,
+    RADIUS: tl.constexpr, SQ8: tl.constexpr, SWAP: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
     # read once per group; with SQ8 int8 codes times their scales cs), -inf for empty
@@ -61,11 +61,10 @@ def _logits_kernel(
             lg = tl.where(lg > float("-inf"), lg * cs[None, :], lg)
         out_mask = g_mask[:, None] & c_mask[None, :]
         out = qrows[:, None] * C + offs_c[None, :]
-        if WEIGHTS:
-            n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=1)
-            # an empty cluster's logit is already -inf
-            tl.store(weight_ptr + out, lg + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :],
-                     mask=out_mask)
+        n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=1)
+        # an empty cluster's logit is already -inf
+        tl.store(weight_ptr + out, lg + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :],
+                 mask=out_mask)
         rl = lg
         if RADIUS:
             r = tl.load(r_ptr + row * C + offs_c, mask=c_mask, other=0.0)

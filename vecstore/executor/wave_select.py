@@ -245,8 +245,7 @@ class Logits:
 
 def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, scale: float, radius_weight: float,
-                    weights: torch.Tensor, code_scales: torch.Tensor | None = None,
-                    write_weights: bool = True) -> Logits:
+                    weights: torch.Tensor, code_scales: torch.Tensor | None = None) -> Logits:
     """Score every cluster for every query head (the index probe's bandwidth-bound part).
 
     Parameters
@@ -287,7 +286,6 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
                             BLOCK_G=max(16, triton.next_power_of_2(group)),
                             BLOCK_C=_BLOCK_LOGITS, DOT_F32=needs_f32_dot(q.dtype),
                             RADIUS=use_radius, SQ8=sq8, SWAP=sq8 and _SQ8_SWAP,
-                            WEIGHTS=write_weights,
                             num_warps=_LOGITS_WARPS,
                             num_stages=_LOGITS_STAGES)
     return Logits(rank, pmax, psum)
