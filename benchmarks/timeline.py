@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import decode as dec  # noqa: E402
 from benchmarks.common import LONG_SLEEP_CYCLES, RESULTS  # noqa: E402
-from benchmarks.variants import applied, parse_setting, parse_size  # noqa: E402
+from benchmarks.variants import EXECUTOR, applied, parse_setting, parse_size  # noqa: E402
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 from vecstore.index.base import IndexView  # noqa: E402
 from vecstore.index.wave import WaveIndex  # noqa: E402
@@ -138,7 +138,7 @@ def checked_graph(ex: WaveExecutor, view: IndexView, steady, q: torch.Tensor):
 def resident_step(batch: int, tokens: int) -> Step:
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
-    graph, _, _ = checked_graph(WaveExecutor(dev.type), view, steady, q)
+    graph, _, _ = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), view, steady, q)
     return (lambda: None), graph.replay
 
 
@@ -151,7 +151,7 @@ def offloaded_step(batch: int, tokens: int) -> Step:
                     meta=view.meta, num_units=view.num_units)
     del view
     torch.cuda.empty_cache()
-    graph, prep, qs = checked_graph(WaveExecutor(dev.type), off, steady, q)
+    graph, prep, qs = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), off, steady, q)
     buf = prep.buffer
     assert buf is not None
     gen = torch.Generator(device=dev).manual_seed(5)

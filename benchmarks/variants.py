@@ -1,7 +1,8 @@
 """A/B the wave decode step under variants of module-level launch constants, on one GPU.
 
 Each variant is a name and settings ``module.ATTR=value`` (a Python literal) applied to
-the imported modules for the time the variant is built and captured; kernels read these
+the imported modules for the time the variant is built and captured, or ``executor.NAME=value``
+passed to its executor (:class:`ExecutorArgs`); kernels read these
 constants when launched, so a CUDA graph captured under a variant keeps its launches.
 Per size, every variant's step is captured in a CUDA graph, *replayed*, checked against
 the torch reference executor (and its zones against the first variant's), then all are
@@ -10,7 +11,7 @@ timed interleaved with SDPA full attention as device time (`benchmarks.common.Ti
     python benchmarks/variants.py --sizes 8x131072 4x1048576 \\
         --variant base \\
         --variant kept4 vecstore.executor.wave_radix._KEPT=4 \\
-        --variant sq8 executor.score_dtype="'int8'"
+        --variant bf16 executor.score_dtype="'bfloat16'"
 
 Writes ``variants.{json,md}`` under ``--out`` (default ``benchmarks/results``).
 """
@@ -36,14 +37,14 @@ Setting = tuple[Any, str, Any]  # (module, attribute, value)
 class ExecutorArgs:
     """The target of ``executor.NAME=value`` settings: keyword arguments of the variant's
     :class:`~vecstore.executor.wave_exec.WaveExecutor` (``score_dtype`` by torch dtype
-    name, e.g. ``executor.score_dtype='int8'``)."""
+    name, e.g. ``executor.score_dtype='bfloat16'``; unset: the executor's default)."""
 
     __name__ = "executor"
-    score_dtype = None
+    score_dtype: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         dtype = self.score_dtype
-        return {"score_dtype": getattr(torch, dtype) if dtype else None}
+        return {"score_dtype": getattr(torch, dtype)} if dtype else {}
 
 
 EXECUTOR = ExecutorArgs()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks.variants import applied, parse_setting, parse_size
 from vecstore.executor import wave_radix
@@ -35,3 +36,14 @@ def test_sizes():
     assert parse_size("8x131072") == (8, 131072)
     with pytest.raises(ValueError, match="BATCHxCONTEXT"):
         parse_size("8-131072")
+
+
+def test_executor_settings_become_executor_arguments():
+    from benchmarks.variants import EXECUTOR
+
+    setting = parse_setting("executor.score_dtype='bfloat16'")
+    assert setting[:2] == (EXECUTOR, "score_dtype")
+    assert EXECUTOR.kwargs() == {}  # unset: the executor's own default
+    with applied([setting]):
+        assert EXECUTOR.kwargs() == {"score_dtype": torch.bfloat16}
+    assert EXECUTOR.kwargs() == {}

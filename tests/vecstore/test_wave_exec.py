@@ -227,7 +227,8 @@ def test_bfloat16_within_bf16_tolerance():
     index, view, steady, q = _batch(gen, torch.bfloat16)
     layer = CFG.for_layer(0)
     ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
-    out, lse, _ = WaveExecutor(backend="triton").run(index, view, steady, q, D ** -0.5, layer)
+    ex = WaveExecutor(backend="triton", score_dtype=torch.bfloat16)
+    out, lse, _ = ex.run(index, view, steady, q, D ** -0.5, layer)
     assert out.dtype == torch.bfloat16 and not out.isnan().any()
     assert rel_err(out, ref[0]) < 1e-2
     assert rel_err(lse, ref[1]) < 1e-3
@@ -322,10 +323,11 @@ def test_pipeline_groups_only_where_the_selection_is_long():
     from vecstore.executor.wave_streams import pipeline_groups
 
     assert pipeline_groups(64, 8192) == 1  # 8 x 128K: 2**19 scores
-    assert pipeline_groups(256, 8192) == 4  # 32 x 128K: 64 rows a group
-    assert pipeline_groups(128, 16384) == 2
-    assert pipeline_groups(64, 65536) == 1  # 8 x 1M: fewer than 64 rows a group
-    assert pipeline_groups(32, 1 << 20) == 1
+    assert pipeline_groups(256, 8192) == 2  # 32 x 128K: at most two groups
+    assert pipeline_groups(64, 65536) == 2  # 8 x 1M
+    assert pipeline_groups(32, 1 << 15) == 2  # 4 x 1M (32 rows of 64K clusters)
+    assert pipeline_groups(16, 1 << 17) == 1  # 2 x 1M: fewer than 16 rows a group
+    assert pipeline_groups(8, 1 << 20) == 1
 
 
 @pytest.mark.parametrize(("dims", "block"), [(128, 16), (16, 16), (32, 64)])

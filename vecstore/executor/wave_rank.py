@@ -28,7 +28,7 @@ def _logits_kernel(
     q_ptr, c_ptr, cs_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C,
     split_len, num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr,
-    RADIUS: tl.constexpr, SQ8: tl.constexpr, SWAP: tl.constexpr,
+    RADIUS: tl.constexpr, SQ8: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
     # read once per group; with SQ8 int8 codes times their scales cs), -inf for empty
@@ -47,15 +47,8 @@ def _logits_kernel(
     for c0 in range(start, end, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
         c_mask = offs_c < end
-        if SWAP:
-            cent = tl.load(c_ptr + (row * C + offs_c)[:, None] * D + offs_d[None, :],
-                           mask=c_mask[:, None], other=0).to(q.dtype)
-            nn = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=0)
-            lg = tl.trans(tl.dot(cent, tl.trans(q))) * scale
-            lg = tl.where((nn > 0)[None, :], lg, float("-inf"))
-        else:
-            lg = centroid_logits(q, c_ptr, n_ptr, row, C, offs_c, c_mask, c_mask[:, None],
-                                 offs_d, scale, D, None)  # None: Triton's default precision
+        lg = centroid_logits(q, c_ptr, n_ptr, row, C, offs_c, c_mask, c_mask[:, None], offs_d,
+                             scale, D, None)  # None: Triton's default dot precision
         if SQ8:
             cs = tl.load(cs_ptr + row * C + offs_c, mask=c_mask, other=1.0)
             lg = tl.where(lg > float("-inf"), lg * cs[None, :], lg)

@@ -21,9 +21,12 @@ __all__ = ["pipeline_groups", "StreamPool", "on"]
 # capture (8 x 512K 0.413-0.491 against 0.434, 4 x 1M 0.416-0.443 against 0.426, 8 x 1M
 # 0.763-0.878 against 0.787-0.791): the selection of one group, starved of SMs by the next
 # group's logits and the previous group's attention, ran 2-3x slower. So groups of at least
-# 64 rows, and only where the selection is long (rows x clusters >= 2**21)
-_PIPELINE_GROUPS = 4
-_PIPELINE_MIN_ROWS = 64
+# 64 rows, and only where the selection is long (rows x clusters >= 2**21). With int8
+# centroid codes the logits take ~130 instead of ~160 us at 4 x 1M, and two groups of at
+# least 16 rows pay: 0.382 / 0.371 / 0.695 ms at 8 x 512K / 4 x 1M / 8 x 1M against 0.393 /
+# 0.387 / 0.700 in one group (three or four groups: 0.381-0.392 / 0.371 / 0.696-0.750)
+_PIPELINE_GROUPS = 2
+_PIPELINE_MIN_ROWS = 16
 _PIPELINE_MIN_SCORES = 1 << 21
 # priority of the selection streams: -1 (high) measured 0.152 against 0.164 ms at 1 x 1M but
 # 0.425-0.431 against 0.417 at 4 x 1M (2 groups) and 0.459-0.467 against 0.439 at 32 x 128K; the
