@@ -325,7 +325,8 @@ def test_pipeline_groups_only_where_the_selection_is_long():
     assert pipeline_groups(64, 8192) == 1  # 8 x 128K: 2**19 scores
     assert pipeline_groups(256, 8192) == 2  # 32 x 128K: at most two groups
     assert pipeline_groups(64, 65536) == 2  # 8 x 1M
-    assert pipeline_groups(32, 1 << 15) == 2  # 4 x 1M (32 rows of 64K clusters)
+    assert pipeline_groups(32, 1 << 16) == 2  # 4 x 1M (32 rows of 64K clusters)
+    assert pipeline_groups(64, 1 << 15) == 2  # 8 x 512K
     assert pipeline_groups(16, 1 << 17) == 1  # 2 x 1M: fewer than 16 rows a group
     assert pipeline_groups(8, 1 << 20) == 1
 
