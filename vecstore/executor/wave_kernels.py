@@ -56,8 +56,10 @@ _BLOCK_E = 128
 # tiles: 0.150 / 0.423 / 0.421 / 0.768 ms against 0.151 / 0.434 / 0.427 / 0.786 (16 splits
 # of 64: 0.151 / 0.426 / 0.421 / 0.777; 32 of 128: 0.151 / 0.433 / 0.424 / 0.773). Earlier,
 # with 64-cluster tiles: 64 or 128 splits and 8 warps slower, retrieved splits of 256 or 1024
-# rows no faster
-_ESTIMATE_SPLITS = 16
+# rows no faster. With int8 centroid codes and two pipelined row groups, 12 splits: 0.376 /
+# 0.370 / 0.679 ms at 8 x 512K / 4 x 1M / 8 x 1M against 0.381 / 0.371 / 0.694 with 16 (8:
+# 0.373 / 0.379 / 0.677)
+_ESTIMATE_SPLITS = 12
 _ESTIMATE_WARPS = 4
 # pipeline stages of the estimation's loop: 0.424 ms at 4 x 1M against 0.444 with 2 and 0.424
 # with 4; 0.779 against 0.813 / 0.780 at 8 x 1M
