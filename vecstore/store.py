@@ -20,7 +20,7 @@ from vecstore.errors import (
     ReadOnlyError,
     StoreClosedError,
 )
-from vecstore.executor.base import EXECUTORS, Executor
+from vecstore.executor.base import Executor, build_executor
 from vecstore.index.base import INDEXES, Index
 from vecstore.kvstore.placement import Placement
 from vecstore.query_engine import QueryEngine
@@ -62,8 +62,7 @@ class Store:
         self.path = path
         self._seqs: dict[str, Sequence] = {}
         self._indexes: dict[str, Index] = {}
-        self._executor: Executor = EXECUTORS.get(config.executor.kind)(
-            device=config.executor.device)
+        self._executor: Executor = build_executor(config)
         self._lock = threading.RLock()
         self._closed = False
         self._persistence = persistence

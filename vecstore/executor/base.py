@@ -7,12 +7,13 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from vecstore.config import LayerConfig
+from vecstore.cache.base import POLICIES
+from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 
-__all__ = ["Steady", "Executor", "EXECUTORS"]
+__all__ = ["Steady", "Executor", "EXECUTORS", "build_executor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +67,28 @@ class Executor(Protocol):
 
 
 EXECUTORS: Registry[type] = Registry("executor")
+
+
+def build_executor(config: StoreConfig) -> Executor:
+    """The executor a store of ``config`` queries with: ``executor.kind`` on
+    ``executor.device``. A registered class with a ``from_config(config)`` classmethod builds
+    itself from the whole configuration (the wave executor takes its block cache's policy and
+    size from ``cache``).
+
+    Raises
+    ------
+    ConfigError
+        ``executor.kind`` or ``cache.policy`` names nothing registered.
+
+    Examples
+    --------
+    >>> ex = build_executor(StoreConfig.from_dict({"executor": {"kind": "torch"}}))
+    >>> type(ex).__name__, ex.device
+    ('TorchExecutor', 'cpu')
+    """
+    POLICIES.get(config.cache.policy)  # a misspelt policy fails at open, whatever the kind
+    cls = EXECUTORS.get(config.executor.kind)
+    from_config = getattr(cls, "from_config", None)
+    if from_config is not None:
+        return from_config(config)
+    return cls(device=config.executor.device)

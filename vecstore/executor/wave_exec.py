@@ -29,7 +29,7 @@ from collections import OrderedDict
 import torch
 
 from vecstore.buffer.wave_buffer import WaveBuffer
-from vecstore.config import LayerConfig
+from vecstore.config import LayerConfig, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.plan import zone_sizes
@@ -116,6 +116,13 @@ class WaveExecutor:
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
+
+    @classmethod
+    def from_config(cls, config: StoreConfig) -> WaveExecutor:
+        """The executor a store of ``config`` uses: ``executor.device``, and the block
+        cache's ``cache.policy`` and ``cache.capacity``."""
+        return cls(config.executor.device, cache_policy=config.cache.policy,
+                   cache_capacity=config.cache.capacity)
 
     # -- Executor protocol ---------------------------------------------------------------
     def run(
