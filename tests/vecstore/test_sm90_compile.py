@@ -3,7 +3,8 @@
 The interpreter runs a kernel's Python, not the compiler: a kernel the compiler rejects (a
 global that is not a ``tl.constexpr``, say) passes every interpreter test and fails on the
 first GPU run. Here the wave executor's decode step (resident, pipelined, offloaded, both
-radix paths, bfloat16 and float32) and the public kernels run in the interpreter at the
+radix paths; int8, bfloat16 and float32 centroids) and the public kernels run in the
+interpreter at the
 Llama head size with every launch recorded, then each recorded launch is compiled to an
 sm_90 cubin by a subprocess without the interpreter (:mod:`tests.kernel_compile`).
 """
@@ -97,7 +98,7 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16)  # in pipelined row groups
         _decode(torch.bfloat16, simulate_offload=True)
         _decode(torch.float32, score_dtype=torch.float32)
-        _decode(torch.bfloat16, score_dtype=torch.int8)
+        _decode(torch.bfloat16, score_dtype=torch.bfloat16)  # the default scores int8 codes
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
     launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},
