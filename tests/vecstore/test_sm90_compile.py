@@ -4,9 +4,9 @@ The interpreter runs a kernel's Python, not the compiler: a kernel the compiler 
 global that is not a ``tl.constexpr``, say) passes every interpreter test and fails on the
 first GPU run. Here the wave executor's decode step (resident, pipelined, offloaded, both
 radix paths; int8, bfloat16 and float32 centroids) and the public kernels run in the
-interpreter at the
-Llama head size with every launch recorded, then each recorded launch is compiled to an
-sm_90 cubin by a subprocess without the interpreter (:mod:`tests.kernel_compile`).
+interpreter at the Llama head size with every launch recorded, then each recorded launch is
+compiled to an sm_90 cubin by a subprocess without the interpreter
+(:mod:`tests.kernel_compile`).
 """
 
 from __future__ import annotations
