@@ -183,8 +183,9 @@ class ExecutorConfig:
     device : str
         Device the executor computes on: ``cpu``, ``cuda`` or ``cuda:N``.
     buffer_factor : float
-        Execution-buffer size in multiples of the retrieval budget (4.0): room for the
-        retrieved clusters when their sizes exceed the average.
+        Read by no executor at present, kept so that stores which recorded it reopen: the
+        wave executor sizes its execution buffer to the ``k1`` largest clusters of a row, so
+        every step fits.
     """
 
     kind: str = "torch"
