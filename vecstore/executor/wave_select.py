@@ -27,6 +27,7 @@ from vecstore.executor.wave_radix import (
     RADIX_BITS,
     RADIX_PASSES,
     chained,
+    follow,
     radix_keys,
     radix_thresholds,
 )
@@ -69,9 +70,7 @@ def _zone_stats_kernel(score_ptr, sizes_ptr, thr_ptr, stats_ptr, C, NCHUNK,
                        BLOCK: tl.constexpr, GDC: tl.constexpr):
     # per chunk, threshold w at [6w, 6w + 6): [gt, gt real, eq, eq real, rows gt real, rows eq
     # real] (real: not empty)
-    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     th1, th2 = _thresholds(thr_ptr, row)
@@ -139,9 +138,7 @@ def _zone_scan_kernel(
     # ones, and the ranks of the threshold ties before it; bases[row, chunk] = [pos, rows,
     # eq1, eq2, estimated pos] and bases[row, NCHUNK, :2] = ties still to take at threshold
     # 1 and 2
-    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     k1 = tl.load(k1_ptr + row)
     k2 = tl.load(k2_ptr + row)
@@ -184,9 +181,7 @@ def _zone_write_kernel(
     C, NCHUNK, R_MAX, E_MAX,
     BLOCK: tl.constexpr, GDC: tl.constexpr,
 ):
-    if GDC:  # programmatic dependent launch: wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     bo = bases_ptr + (row * (NCHUNK + 1) + chunk) * 5
