@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import decode as dec  # noqa: E402
+from benchmarks import decode_setup as dec  # noqa: E402
 from benchmarks.common import LONG_SLEEP_CYCLES, RESULTS  # noqa: E402
 from benchmarks.variants import EXECUTOR, applied, parse_setting, parse_size  # noqa: E402
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402

@@ -99,7 +99,7 @@ def run_size(timer, batch: int, tokens: int, variants: list[tuple[str, list[Sett
     """Check and time every variant at one size; one row per variant."""
     import torch.nn.functional as F
 
-    from benchmarks import decode as dec
+    from benchmarks import decode_setup as dec
     from vecstore.executor.torch_ref import TorchExecutor
     from vecstore.executor.wave_exec import WaveExecutor
     from vecstore.index.wave import WaveIndex
