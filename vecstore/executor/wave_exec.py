@@ -23,7 +23,6 @@ whose plan this executor reproduces: same zones (ties broken by cluster id), sam
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 import torch
@@ -32,14 +31,13 @@ from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
-from vecstore.executor.plan import zone_sizes
-from vecstore.executor.sq8 import quantize
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_state import (
     CapturedStep,
     DecodeResult,
     PreparedView,
     Zones,
+    prepare_view,
     step_stats,
 )
 from vecstore.executor.wave_streams import StreamPool, on, pipeline_groups
@@ -177,7 +175,9 @@ class WaveExecutor:
         if prep is not None and prep.view is view:
             self._prepared.move_to_end(key)
             return prep
-        prep = self._build(view, layer, index)
+        prep = prepare_view(view, layer, index, score_dtype=self.score_dtype,
+                            offload=self.simulate_offload, cache_policy=self.cache_policy,
+                            cache_capacity=self.cache_capacity, slot_tokens=self.slot_tokens)
         self._prepared[key] = prep
         while len(self._prepared) > _MAX_PREPARED:
             _, old = self._prepared.popitem(last=False)
@@ -192,48 +192,6 @@ class WaveExecutor:
             prep = self._prepared.pop(key)
             if prep.buffer is not None:
                 prep.buffer.close()
-
-    def _build(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
-        B, H, C = view.sizes.shape
-        N, D = view.keys.shape[2:]
-        rows = B * H
-        dev = view.meta["centroids"].device
-        kv_dtype = view.keys.dtype
-        counts = [zone_sizes(int(n), layer, index) for n in view.num_units.tolist()]
-        k1 = torch.tensor([r for r, _ in counts], dtype=torch.int32).repeat_interleave(H)
-        k2 = torch.tensor([r + e for r, e in counts], dtype=torch.int32).repeat_interleave(H)
-        r_max = max(1, int(k1.max()))
-        e_max = max(1, int((k2 - k1).max()))
-        sizes = view.sizes.reshape(rows, C)
-        vmean = view.meta["value_sums"] / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
-        cent, code_scales = view.meta["centroids"], None
-        if self.score_dtype == torch.int8:
-            cent, code_scales = quantize(cent)
-            code_scales = code_scales.reshape(rows, C).contiguous()
-        else:
-            cent = cent.to(self.score_dtype or kv_dtype).contiguous()
-        keys = view.keys.reshape(rows, N, D)
-        values = view.values.reshape(rows, N, D)
-        # the execution buffer fits the r_max largest clusters of any row
-        top = torch.sort(sizes, dim=1, descending=True).values[:, :r_max].sum(1)
-        max_rows = max(1, int(top.max()))
-        buffer = None
-        if keys.device != dev or self.simulate_offload:  # offloaded: the block cache serves
-            buffer = WaveBuffer(
-                keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
-                num_slots=max(1, math.ceil(self.cache_capacity * C)),
-                slot_tokens=self.slot_tokens, device=dev, policy=self.cache_policy)
-        weight = float(getattr(index, "radius_weight", 0.0))
-        radii = (view.meta["radii"].reshape(rows, C).to(dev, torch.float32).contiguous()
-                 if weight else None)
-        return PreparedView(
-            view=view, centroids=cent, vmean=vmean.to(kv_dtype).reshape(rows, C, D).contiguous(),
-            sizes=sizes.to(dev, torch.int32).contiguous(),
-            first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
-            keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
-            e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
-            radii=radii, radius_weight=weight, code_scales=code_scales,
-        )
 
     # -- the step ------------------------------------------------------------------------
     def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,

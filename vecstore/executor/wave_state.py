@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from vecstore.buffer.wave_buffer import WaveBuffer
+from vecstore.config import LayerConfig
 from vecstore.executor.base import Steady
-from vecstore.index.base import IndexView
+from vecstore.executor.plan import zone_sizes
+from vecstore.executor.sq8 import quantize
+from vecstore.index.base import Index, IndexView
 
-__all__ = ["Zones", "PreparedView", "DecodeResult", "CapturedStep", "step_stats"]
+__all__ = ["Zones", "PreparedView", "DecodeResult", "CapturedStep", "step_stats", "prepare_view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,3 +184,53 @@ def step_stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H:
     total = (steady_rows + indexed // H).double()
     tokens_exact = torch.round((steady_rows * H + exact).double() / H)
     return torch.stack([total, tokens_exact, retrieved.double(), estimated.double(), mass])
+
+
+def prepare_view(view: IndexView, layer: LayerConfig, index: Index, *,
+                 score_dtype: torch.dtype | None, offload: bool, cache_policy: str,
+                 cache_capacity: float, slot_tokens: int) -> PreparedView:
+    """The decode-ready form of ``view`` for ``layer``'s budgets: per-row zone sizes, value
+    means, centroids in ``score_dtype`` (int8 codes and their scales for ``torch.int8``, the
+    KV dtype for ``None``), and a :class:`WaveBuffer` (``cache_policy``, ``cache_capacity``
+    of the clusters, ``slot_tokens`` rows a slot) when the rows are not on the centroids'
+    device or ``offload`` asks for one."""
+    B, H, C = view.sizes.shape
+    N, D = view.keys.shape[2:]
+    rows = B * H
+    dev = view.meta["centroids"].device
+    kv_dtype = view.keys.dtype
+    counts = [zone_sizes(int(n), layer, index) for n in view.num_units.tolist()]
+    k1 = torch.tensor([r for r, _ in counts], dtype=torch.int32).repeat_interleave(H)
+    k2 = torch.tensor([r + e for r, e in counts], dtype=torch.int32).repeat_interleave(H)
+    r_max = max(1, int(k1.max()))
+    e_max = max(1, int((k2 - k1).max()))
+    sizes = view.sizes.reshape(rows, C)
+    vmean = view.meta["value_sums"] / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
+    cent, code_scales = view.meta["centroids"], None
+    if score_dtype == torch.int8:
+        cent, code_scales = quantize(cent)
+        code_scales = code_scales.reshape(rows, C).contiguous()
+    else:
+        cent = cent.to(score_dtype or kv_dtype).contiguous()
+    keys = view.keys.reshape(rows, N, D)
+    values = view.values.reshape(rows, N, D)
+    # the execution buffer fits the r_max largest clusters of any row
+    top = torch.sort(sizes, dim=1, descending=True).values[:, :r_max].sum(1)
+    max_rows = max(1, int(top.max()))
+    buffer = None
+    if keys.device != dev or offload:  # offloaded: the block cache serves
+        buffer = WaveBuffer(
+            keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
+            num_slots=max(1, math.ceil(cache_capacity * C)),
+            slot_tokens=slot_tokens, device=dev, policy=cache_policy)
+    weight = float(getattr(index, "radius_weight", 0.0))
+    radii = (view.meta["radii"].reshape(rows, C).to(dev, torch.float32).contiguous()
+             if weight else None)
+    return PreparedView(
+        view=view, centroids=cent, vmean=vmean.to(kv_dtype).reshape(rows, C, D).contiguous(),
+        sizes=sizes.to(dev, torch.int32).contiguous(),
+        first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
+        keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
+        e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
+        radii=radii, radius_weight=weight, code_scales=code_scales,
+    )
