@@ -139,6 +139,9 @@ class Store:
                 self._queries.release_views()
                 for seq in self._seqs.values():
                     seq.release(forget=False)
+                # a closed store serves no sequence: its sequences (and their KV) then go
+                # with their last outside reference, not with the next cyclic collection
+                self._seqs.clear()
             self._closed = True
             if self._persistence is not None:
                 self._persistence.close()
