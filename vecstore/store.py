@@ -132,7 +132,8 @@ class Store:
     def close(self) -> None:
         """Release the store (and its write lock); safe to call more than once.
 
-        Changes of a transaction still open are discarded.
+        Changes of a transaction still open are discarded. The store forgets its sequences:
+        one the caller still holds stays readable, and its KV is freed with it.
         """
         with self._lock:
             if not self._closed:
