@@ -109,10 +109,9 @@ def resident(timer: Timer, ceil: dict[str, float], batch: int, tokens: int, dev:
     hbm = ceil["hbm_copy_gbs"]
     sdpa_bytes = 2.0 * view.keys.numel() * 2
     row.update({f"{k}_ms": v for k, v in t.items()})
-    for name in ("wave", "wave_bf16"):
+    for name, suffix in (("wave", ""), ("wave_bf16", "_bf16")):
         b = ideal_bytes(view, steps[name][1], steady, steps[name][2])
         wave_bytes = sum(v for k, v in b.items() if k.endswith("_bytes"))
-        suffix = name[4:]
         row[f"speedup{suffix}"] = t["sdpa"] / t[name]
         row[f"wave_floor{suffix}_ms"] = wave_bytes / hbm / 1e6
         if name == "wave":
