@@ -3,11 +3,13 @@
 Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wave_kernels.Zones`):
 
 1. :meth:`WaveBuffer.lookup` reads each retrieved cluster's slot from the GPU slot table
-   (hits and misses per (sequence, KV head) row, no host round trip).
+   (hits and misses per (sequence, KV head) row, no host round trip) and lays out the
+   execution buffer: a row's hits first (rows ``0:split``), then its misses
+   (``split:total``).
 2. :meth:`WaveBuffer.fill_hits` copies hits from their cache slots, and
    :meth:`WaveBuffer.fill_misses` copies misses from the KV rows in pinned host memory on a
    side CUDA stream, so that the execution buffer holds every retrieved row contiguously.
-   The executor overlaps the miss copy with the steady and estimation zones.
+   The executor attends the hits while the misses are copied.
 3. :meth:`WaveBuffer.admit` gives misses the next usable slots of the victim list and copies
    them into the cache from the execution buffer: no cluster crosses PCIe twice. Clusters
    larger than a slot are never cached.
@@ -99,7 +101,7 @@ class WaveBuffer:
         self.device = device
         row_bytes = 2 * dim * keys.element_size()
         self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
-                                 + 4 * (num_clusters + 1 + 2 * (num_slots + 1) + 3 * r_max))
+                                 + 4 * (num_clusters + 2 + 2 * (num_slots + 1) + 4 * r_max))
         if account is None:
             account = account_for(device)
         if account is not None:  # before allocating: a clear error, not an OOM
@@ -118,6 +120,8 @@ class WaveBuffer:
         self.victims = torch.arange(num_slots, dtype=i32, **kw).repeat(rows, 1)
         self.consumed = torch.zeros(rows, num_slots, dtype=torch.bool, **kw)
         self.slot = torch.full((rows, r_max), -1, dtype=i32, **kw)
+        self.pos = torch.zeros(rows, r_max, dtype=i32, **kw)  # place among hits / misses
+        self.split = torch.zeros(rows, dtype=i32, **kw)  # hit rows: where the misses start
         self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
@@ -128,34 +132,30 @@ class WaveBuffer:
 
     # -- device work of one step (fixed shapes) ----------------------------------------
     def lookup(self, zones: Zones) -> None:
-        """Find each retrieved cluster's slot (-1 = miss) and count hits and misses."""
+        """Find each retrieved cluster's slot (-1 = miss), place it in the execution buffer
+        (hits first) and count hits and misses."""
         from vecstore.executor.wave_cache import lookup_slots
 
         self._zones = zones
-        lookup_slots(zones, self.slot_of, self.slot, self._counts)
+        lookup_slots(zones, self.slot_of, self.slot, self.pos, self.split, self._counts)
 
     def fill_hits(self) -> None:
         """Copy hits from their slots into the execution buffer (current stream)."""
         from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
-        copy_clusters(1, self._zones, self.slot, self.cache_k, self.cache_v, self.exec_k,
-                      self.exec_v, self.slot_tokens)
+        copy_clusters(1, self._zones, self.slot, self.pos, self.split, self.cache_k,
+                      self.cache_v, self.exec_k, self.exec_v, self.slot_tokens)
 
     def fill_misses(self) -> None:
         """Copy misses from host memory into the execution buffer, on the copy stream."""
-        from vecstore.executor.wave_cache import copy_clusters
-
-        assert self._zones is not None
         if self.copy_stream is None:
-            copy_clusters(0, self._zones, self.slot, self.keys, self.values, self.exec_k,
-                          self.exec_v, self.slot_tokens)
+            self._copy_misses()
             return
         main = torch.cuda.current_stream(self.device)
         self.copy_stream.wait_stream(main)
         with torch.cuda.stream(self.copy_stream):
-            copy_clusters(0, self._zones, self.slot, self.keys, self.values, self.exec_k,
-                          self.exec_v, self.slot_tokens)
+            self._copy_misses()
             self._misses_done = torch.cuda.Event()
             self._misses_done.record(self.copy_stream)
 
@@ -184,8 +184,15 @@ class WaveBuffer:
         from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
-        copy_clusters(2, self._zones, self.admitted, self.exec_k, self.exec_v, self.cache_k,
-                      self.cache_v, self.slot_tokens)
+        copy_clusters(2, self._zones, self.admitted, self.pos, self.split, self.exec_k,
+                      self.exec_v, self.cache_k, self.cache_v, self.slot_tokens)
+
+    def _copy_misses(self) -> None:
+        from vecstore.executor.wave_cache import copy_clusters
+
+        assert self._zones is not None
+        copy_clusters(0, self._zones, self.slot, self.pos, self.split, self.keys, self.values,
+                      self.exec_k, self.exec_v, self.slot_tokens)
 
     # -- between steps (host) ----------------------------------------------------------
     def begin_step(self) -> None:

@@ -2,12 +2,15 @@
 the retrieved clusters, the choice of slots for the misses, and whole-cluster copies between
 the KV rows, the execution buffer and the block cache.
 
-Rows are ``b * Hkv + h``; per row, retrieved cluster ``i`` (of ``count``) fills execution rows
-``cum[i]:cum[i + 1]`` (:class:`vecstore.executor.wave_state.Zones`).
+Rows are ``b * Hkv + h``; retrieved cluster ``i`` (of ``count``) of a row holds
+``cum[i + 1] - cum[i]`` rows (:class:`vecstore.executor.wave_state.Zones`). The execution
+buffer holds a row's hits first, then its misses, each in retrieved order, so the attention
+over the hits runs while the misses cross PCIe.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,27 +31,41 @@ _COPY_WARPS = 4
 # (2 per SM) against 2.025 at 4 x 1M. A program per cluster filled every SM with loads
 # waiting on PCIe, and the hits copy and the admission bookkeeping waited behind them
 _MISS_PROGRAMS_PER_SM = 1
-_LOOKUP_BLOCK = 256  # retrieved clusters per program of the lookup
+_LOOKUP_BLOCK = 1024  # retrieved clusters per step of the lookup's loop over a row
 
 
-def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, counts_ptr, C, R_MAX,
-                   BLOCK: tl.constexpr):
-    # BLOCK retrieved clusters of a row: their cache slots (-1: a miss, or past count), and
-    # their hits, misses, hit rows and miss rows added to counts [4] (int64)
+def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, pos_ptr, split_ptr,
+                   counts_ptr, C, R_MAX, BLOCK: tl.constexpr):
+    # one row's retrieved clusters, BLOCK at a time: cache slot (-1: a miss, or past count),
+    # place among the row's hits (hits) or among its misses (misses), in retrieved order;
+    # the row's hit rows (split), and its hits, misses, hit rows and miss rows added to
+    # counts [4] (int64)
     row = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    valid = i < tl.load(count_ptr + row)
-    cid = tl.load(ids_ptr + row * R_MAX + i, mask=valid, other=0)
-    slot = tl.load(slot_of_ptr + row * (C + 1) + cid, mask=valid, other=-1)
-    tl.store(slot_ptr + row * R_MAX + i, slot, mask=i < R_MAX)
-    size = (tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=valid, other=0)
-            - tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=valid, other=0)).to(tl.int64)
-    hit = valid & (slot >= 0)
-    miss = valid & (slot < 0)
-    tl.atomic_add(counts_ptr + 0, tl.sum(hit.to(tl.int64), axis=0))
-    tl.atomic_add(counts_ptr + 1, tl.sum(miss.to(tl.int64), axis=0))
-    tl.atomic_add(counts_ptr + 2, tl.sum(tl.where(hit, size, 0), axis=0))
-    tl.atomic_add(counts_ptr + 3, tl.sum(tl.where(miss, size, 0), axis=0))
+    count = tl.load(count_ptr + row)
+    hit_rows = 0
+    n_hit = 0
+    miss_rows = 0
+    for i0 in range(0, R_MAX, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        valid = i < count
+        cid = tl.load(ids_ptr + row * R_MAX + i, mask=valid, other=0)
+        slot = tl.load(slot_of_ptr + row * (C + 1) + cid, mask=valid, other=-1)
+        tl.store(slot_ptr + row * R_MAX + i, slot, mask=i < R_MAX)
+        start = tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=valid, other=0)
+        size = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=valid, other=0) - start
+        hit = valid & (slot >= 0)
+        h = tl.where(hit, size, 0)
+        before = hit_rows + tl.cumsum(h, axis=0) - h  # hit rows before cluster i
+        # miss rows before cluster i: the rows before it that are not hit rows
+        tl.store(pos_ptr + row * R_MAX + i, tl.where(hit, before, start - before), mask=valid)
+        hit_rows += tl.sum(h, axis=0)
+        n_hit += tl.sum(hit.to(tl.int32), axis=0)
+        miss_rows += tl.sum(tl.where(valid & (slot < 0), size, 0), axis=0)
+    tl.store(split_ptr + row, hit_rows)
+    tl.atomic_add(counts_ptr + 0, n_hit.to(tl.int64))
+    tl.atomic_add(counts_ptr + 1, (count - n_hit).to(tl.int64))
+    tl.atomic_add(counts_ptr + 2, hit_rows.to(tl.int64))
+    tl.atomic_add(counts_ptr + 3, miss_rows.to(tl.int64))
 
 
 def _admission_kernel(slot_ptr, cum_ptr, count_ptr, ids_ptr, victims_ptr, consumed_ptr,
@@ -121,31 +138,34 @@ def _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j):
 
 
 def _copy_kernel(
-    cum_ptr, count_ptr, slot_ptr, src_start_ptr,
+    cum_ptr, count_ptr, slot_ptr, pos_ptr, split_ptr, src_start_ptr,
     src_k_ptr, src_v_ptr, dst_k_ptr, dst_v_ptr,
     R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,
     MODE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # MODE 0: misses, source rows -> execution buffer; MODE 1: hits, cache slot -> execution
-    # buffer; MODE 2: admitted misses, execution buffer -> cache slot. Program j of a row
+    # buffer; MODE 2: admitted misses, execution buffer -> cache slot. The execution buffer
+    # holds a row's hits first (place pos), then its misses (split + pos). Program j of a row
     # copies clusters j, j + programs, ... of it
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
+    split = tl.load(split_ptr + row)
     offs_d = tl.arange(0, D)
     for i in range(tl.program_id(1), count, tl.num_programs(1)):
         slot = tl.load(slot_ptr + row * R_MAX + i)
-        p0 = tl.load(cum_ptr + row * (R_MAX + 1) + i)
-        n = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1) - p0
+        n = (tl.load(cum_ptr + row * (R_MAX + 1) + i + 1)
+             - tl.load(cum_ptr + row * (R_MAX + 1) + i))
+        p0 = tl.load(pos_ptr + row * R_MAX + i)
         go = slot < 0 if MODE == 0 else slot >= 0
         if go:
             if MODE == 0:
                 src0 = row * SRC_ROWS + tl.load(src_start_ptr + row * R_MAX + i)
-                dst0 = row * DST_ROWS + p0
+                dst0 = row * DST_ROWS + split + p0
             elif MODE == 1:
                 src0 = (row * (SRC_ROWS // SLOT_T) + slot) * SLOT_T
                 dst0 = row * DST_ROWS + p0
             else:
-                src0 = row * SRC_ROWS + p0
+                src0 = row * SRC_ROWS + split + p0
                 dst0 = (row * (DST_ROWS // SLOT_T) + slot) * SLOT_T
             for j in range(0, n, BLOCK_N):
                 offs = j + tl.arange(0, BLOCK_N)
@@ -163,18 +183,21 @@ _ADMISSION = LazyKernel(_admission_kernel)
 _COPY = LazyKernel(_copy_kernel)
 
 
-def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor,
-                 counts: torch.Tensor) -> None:
-    """Write each retrieved cluster's cache slot ``slot [rows, R]`` int32 from the slot table
-    ``slot_of [rows, C + 1]`` (-1: not cached; also past a row's ``count``), and add the
-    step's hits, misses, hit rows and miss rows to ``counts [4]`` int64: one launch, where
-    the torch version took about 20 small ops (80 us of the offloaded step at 1 x 1M on the
-    H200, before the miss copy could start)."""
+def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+                 split: torch.Tensor, counts: torch.Tensor) -> None:
+    """Lay out a step's execution buffer, hits first: each retrieved cluster's cache slot
+    ``slot [rows, R]`` int32 from the slot table ``slot_of [rows, C + 1]`` (-1: not cached;
+    also past a row's ``count``), its place ``pos [rows, R]`` int32 among the row's hits
+    (hits) or among its misses (misses) in retrieved order, and each row's hit rows
+    ``split [rows]`` int32: a hit fills execution rows from ``pos``, a miss from
+    ``split + pos``. Adds the step's hits, misses, hit rows and miss rows to ``counts [4]``
+    int64. One program per row, where the torch version took about 20 small ops (80 us of
+    the offloaded step at 1 x 1M on the H200, before the miss copy could start)."""
     rows, r_max = zones.ids.shape
-    block = min(_LOOKUP_BLOCK, max(16, triton.next_power_of_2(r_max)))
-    _LOOKUP[(rows, triton.cdiv(r_max, block))](
-        zones.ids, zones.cum, zones.count, slot_of, slot, counts, slot_of.shape[1] - 1, r_max,
-        BLOCK=block)
+    _LOOKUP[(rows,)](
+        zones.ids, zones.cum, zones.count, slot_of, slot, pos, split, counts,
+        slot_of.shape[1] - 1, r_max,
+        BLOCK=min(_LOOKUP_BLOCK, max(16, triton.next_power_of_2(r_max))))
 
 
 def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
@@ -201,9 +224,9 @@ def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
         BLOCK_R=min(1024, max(16, triton.next_power_of_2(r_max))))
 
 
-def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, src_k: torch.Tensor,
-                  src_v: torch.Tensor, dst_k: torch.Tensor, dst_v: torch.Tensor,
-                  slot_tokens: int) -> None:
+def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, pos: torch.Tensor,
+                  split: torch.Tensor, src_k: torch.Tensor, src_v: torch.Tensor,
+                  dst_k: torch.Tensor, dst_v: torch.Tensor, slot_tokens: int) -> None:
     """Move whole retrieved clusters between the tiers: a program per cluster, except for
     misses, which ``_MISS_PROGRAMS_PER_SM`` programs per SM copy in turn (so the loads waiting
     on PCIe leave SMs to the hits copy and the bookkeeping).
@@ -212,15 +235,16 @@ def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, src_k: torch.Tens
     pinned host memory, read zero-copy) to the execution buffer ``dst [rows, M, D]``; 1
     copies hits (``slot >= 0``) from the cache ``src [rows, S * T, D]`` to the execution
     buffer; 2 copies clusters given a slot from the execution buffer ``src`` to the cache
-    ``dst``. ``slot`` is ``[rows, R]`` int32.
+    ``dst``. ``slot`` is ``[rows, R]`` int32; ``pos`` and ``split`` place each cluster in
+    the execution buffer (:func:`lookup_slots`).
     """
     rows, r_max = zones.ids.shape
     programs = r_max
     if mode == 0:
-        programs = min(r_max, triton.cdiv(_MISS_PROGRAMS_PER_SM * num_sms(zones.ids.device),
-                                          rows))
+        programs = min(r_max, math.ceil(_MISS_PROGRAMS_PER_SM * num_sms(zones.ids.device)
+                                        / rows))
     _COPY[(rows, programs)](
-        zones.cum, zones.count, slot, zones.first_row, src_k, src_v, dst_k, dst_v,
+        zones.cum, zones.count, slot, pos, split, zones.first_row, src_k, src_v, dst_k, dst_v,
         r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
         MODE=mode, D=src_k.shape[2], BLOCK_N=_COPY_BLOCK, num_warps=_COPY_WARPS,
     )

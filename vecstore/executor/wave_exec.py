@@ -228,7 +228,10 @@ class WaveExecutor:
         rows, C = prep.sizes.shape
         G = B * Hq // rows
         dev = q.device
+        buf = prep.buffer
         _, n_ret = retrieved_layout(prep.max_rows)
+        if buf is not None:  # the hits and the misses of the execution buffer apart
+            n_ret *= 2
         n_std = steady_splits(steady.keys.shape[2])
         _, n_est = estimate_layout(prep.e_max)
         P = n_ret + n_std + n_est
@@ -241,7 +244,6 @@ class WaveExecutor:
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
-        buf = prep.buffer
         groups = 1 if buf is not None else pipeline_groups(rows, C)
         main = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
         steady_done = torch.cuda.Event() if main is not None else None
@@ -293,11 +295,11 @@ class WaveExecutor:
     def _attend_offloaded(self, buf: WaveBuffer, zones: Zones, q: torch.Tensor, scale: float,
                           parts: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The retrieved zone of an offloaded view, on the current stream: the block cache's
-        lookup, hits and misses copied into the execution buffer, attention over it. The
-        admission runs on a stream of its own: its bookkeeping (it reads the lookup, and hits
-        never lose their slots) while the hits and misses are copied, its copy next to the
-        retrieved attention."""
-        from vecstore.executor.wave_kernels import attend_retrieved
+        lookup, hits and misses copied into the execution buffer, attention over the hits
+        while the misses cross PCIe, then over the misses. The admission runs on a stream of
+        its own: its bookkeeping (it reads the lookup, and hits never lose their slots) while
+        the hits and misses are copied, its copy next to the attention over the misses."""
+        from vecstore.executor.wave_kernels import attend_retrieved, retrieved_layout
 
         current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
         admit = self._streams.get(q.device, "admit")
@@ -308,11 +310,15 @@ class WaveExecutor:
             buf.plan_admission()
         buf.fill_misses()
         buf.fill_hits()
+        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0,
+                         split=buf.split)
         buf.wait_misses()
         with on(admit):
             buf.wait_misses()
             buf.admit()
-        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0)
+        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts,
+                         retrieved_layout(buf.exec_k.shape[1])[1], split=buf.split,
+                         after_split=True)
         if admit is not None:
             current.wait_stream(admit)
 

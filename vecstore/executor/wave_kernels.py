@@ -98,19 +98,25 @@ def _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
 
 
 def _retrieved_kernel(
-    q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr, span_ptr,
     part_out_ptr, part_lse_ptr,
     N, M, R_MAX, scale, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
+    CONTIG: tl.constexpr, SPAN: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    # execution positions [split * split_len, ...) of the row's retrieved rows: read from a
-    # contiguous execution buffer (CONTIG) or, in place, through the row map
+    # execution positions [start + split * split_len, ...) of the row's retrieved rows, read
+    # from a contiguous execution buffer (CONTIG) or, in place, through the row map. SPAN 0:
+    # all of them; 1: positions [0, span); 2: [span, total)
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
-    total = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
-    p0 = split * split_len
-    p1 = tl.minimum(p0 + split_len, total)
+    stop = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
+    start = 0
+    if SPAN == 1:
+        stop = tl.load(span_ptr + row)
+    elif SPAN == 2:
+        start = tl.load(span_ptr + row)
+    p0 = start + split * split_len
+    p1 = tl.minimum(p0 + split_len, stop)
     m_i, l_i, acc = empty_state(BLOCK_G, D)
     for p in range(p0, p1, BLOCK_N):
         pos = p + tl.arange(0, BLOCK_N)
@@ -249,14 +255,17 @@ def fill_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
 
 def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, zones: Zones,
                      rowmap: torch.Tensor | None, scale: float,
-                     parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
+                     parts: tuple[torch.Tensor, torch.Tensor], split_base: int, *,
+                     split: torch.Tensor | None = None, after_split: bool = False) -> None:
     """Partial states of the retrieved rows.
 
     ``keys``/``values`` are ``[rows, N, D]``: with ``rowmap [rows, M]`` (from
     :func:`fill_rowmap`) the KV rows themselves, read in place; without it an execution
-    buffer holding cluster ``i`` of a row at ``cum[i]:cum[i + 1]``. ``q`` is
-    ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and ``[rows * G, P]`` float32
-    partial outputs and log-sum-exps.
+    buffer holding a row's ``cum[count]`` retrieved rows contiguously. With ``split [rows]``
+    int32 only positions ``0:split`` of each row (or ``split:cum[count]`` if
+    ``after_split``). ``q`` is ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and
+    ``[rows * G, P]`` float32 partial outputs and log-sum-exps, of which this writes
+    ``retrieved_layout(M)[1]`` from ``split_base`` on.
     """
     rows, n_rows, dim = keys.shape
     group = q.shape[0] // rows
@@ -264,10 +273,11 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     per, num_splits = retrieved_layout(m)
     _RETRIEVED[(rows, num_splits)](
         q, keys, values, rowmap if rowmap is not None else zones.cum, zones.cum, zones.count,
-        parts[0], parts[1], n_rows, m, zones.ids.shape[1], scale, split_base,
-        parts[1].shape[1], per,
+        split if split is not None else zones.count, parts[0], parts[1], n_rows, m,
+        zones.ids.shape[1], scale, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        CONTIG=rowmap is None, DOT_F32=needs_f32_dot(keys.dtype),
+        CONTIG=rowmap is None, SPAN=0 if split is None else 2 if after_split else 1,
+        DOT_F32=needs_f32_dot(keys.dtype),
     )
 
 

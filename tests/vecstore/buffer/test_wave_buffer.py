@@ -55,10 +55,15 @@ def _step(buf, zones):
     buf.bookkeeper.wait()
 
 
-def _expected_exec(zones, keys, row):
+def _expected_exec(zones, keys, row, cached):
+    """The row's retrieved clusters' KV rows, hits (clusters in ``cached``) first, then
+    misses, each in retrieved order."""
     n = int(zones.count[row])
+    ids = zones.ids[row, :n].tolist()
+    order = ([i for i in range(n) if ids[i] in cached]
+             + [i for i in range(n) if ids[i] not in cached])
     parts = [keys[row, int(zones.first_row[row, i]):int(zones.first_row[row, i])
-                  + int(zones.cum[row, i + 1] - zones.cum[row, i])] for i in range(n)]
+                  + int(zones.cum[row, i + 1] - zones.cum[row, i])] for i in order]
     return torch.cat(parts)
 
 
@@ -71,11 +76,15 @@ def test_execution_buffer_cache_and_admission():
     steps = [[[0, 3, 5, 7], [1, 2]], [[3, 5, 9], [2, 4, 6, 8, 10, 12]], [[0, 3, 5], [1, 2]]]
     for ids in steps:
         zones = _zones(ids, sizes, first, 6)
+        cached = [set((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
+                  for r in range(ROWS)]
         _step(buf, zones)
         for r in range(ROWS):
             total = int(zones.cum[r, zones.count[r]])
-            assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r))
-            assert torch.equal(buf.exec_v[r, :total], _expected_exec(zones, values, r))
+            assert int(buf.split[r]) == sum(int(sizes[r, c]) for c in ids[r] if c in cached[r])
+            assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r, cached[r]))
+            assert torch.equal(buf.exec_v[r, :total],
+                               _expected_exec(zones, values, r, cached[r]))
             # every resident cluster's slot holds its rows, and the tables agree
             for c in (buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist():
                 s, n = int(buf.slot_of[r, c]), int(sizes[r, c])
