@@ -10,8 +10,9 @@ Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wa
    :meth:`WaveBuffer.fill_misses` copies misses from the KV rows in pinned host memory on a
    side CUDA stream, so that the execution buffer holds every retrieved row contiguously.
    The executor attends the hits while the misses are copied.
-3. :meth:`WaveBuffer.admit` gives misses the next usable slots of the victim list and copies
-   them into the cache from the execution buffer: no cluster crosses PCIe twice. Clusters
+3. :meth:`WaveBuffer.plan_admission` gives misses the next usable slots of the victim list,
+   and :meth:`WaveBuffer.admit` copies them into the cache from the execution buffer (no
+   cluster crosses PCIe twice) at the start of the next step, beside its selection. Clusters
    larger than a slot are never cached.
 4. :meth:`WaveBuffer.finish_step` hands the step's record to the
    :class:`~vecstore.buffer.bookkeeping.PolicyBookkeeper` (policy on a CPU thread), and
@@ -30,6 +31,7 @@ import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
 from vecstore.buffer.budget import account_for
+from vecstore.buffer.layout import ExecLayout
 from vecstore.kvstore.base import MemoryAccount
 
 if TYPE_CHECKING:
@@ -101,7 +103,7 @@ class WaveBuffer:
         self.device = device
         row_bytes = 2 * dim * keys.element_size()
         self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
-                                 + 4 * (num_clusters + 2 + 2 * (num_slots + 1) + 4 * r_max))
+                                 + 4 * (num_clusters + 3 + 2 * (num_slots + 1) + 5 * r_max))
         if account is None:
             account = account_for(device)
         if account is not None:  # before allocating: a clear error, not an OOM
@@ -120,8 +122,7 @@ class WaveBuffer:
         self.victims = torch.arange(num_slots, dtype=i32, **kw).repeat(rows, 1)
         self.consumed = torch.zeros(rows, num_slots, dtype=torch.bool, **kw)
         self.slot = torch.full((rows, r_max), -1, dtype=i32, **kw)
-        self.pos = torch.zeros(rows, r_max, dtype=i32, **kw)  # place among hits / misses
-        self.split = torch.zeros(rows, dtype=i32, **kw)  # hit rows: where the misses start
+        self.layout = ExecLayout.empty(rows, r_max, device)
         self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
@@ -137,15 +138,15 @@ class WaveBuffer:
         from vecstore.executor.wave_cache import lookup_slots
 
         self._zones = zones
-        lookup_slots(zones, self.slot_of, self.slot, self.pos, self.split, self._counts)
+        lookup_slots(zones, self.slot_of, self.slot, self.layout, self._counts)
 
     def fill_hits(self) -> None:
         """Copy hits from their slots into the execution buffer (current stream)."""
         from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
-        copy_clusters(1, self._zones, self.slot, self.pos, self.split, self.cache_k,
-                      self.cache_v, self.exec_k, self.exec_v, self.slot_tokens)
+        copy_clusters(1, self.layout, self.slot, None, self.cache_k, self.cache_v,
+                      self.exec_k, self.exec_v, self.slot_tokens)
 
     def fill_misses(self) -> None:
         """Copy misses from host memory into the execution buffer, on the copy stream."""
@@ -170,7 +171,9 @@ class WaveBuffer:
 
         A slot is usable if the current victim list has not handed it out already and no
         cluster of this step is in it. It reads no KV, so it runs while
-        :meth:`fill_misses` is still copying; :meth:`admit` then moves the rows.
+        :meth:`fill_misses` is still copying; :meth:`admit` then moves the rows. The slot
+        table says the clusters are cached from here on: :meth:`admit` must run before the
+        next :meth:`lookup`.
         """
         from vecstore.executor.wave_cache import plan_admission
 
@@ -179,20 +182,22 @@ class WaveBuffer:
                        self.slot_of, self.admitted, self.evicted, self.slot_tokens)
 
     def admit(self) -> None:
-        """Copy the misses given a slot by :meth:`plan_admission` from the execution buffer
-        into the cache (after :meth:`wait_misses`: the rows must have arrived)."""
+        """Copy the misses the last :meth:`plan_admission` gave a slot from the execution
+        buffer into the cache: after that step's misses have arrived (:meth:`wait_misses`)
+        and before the next :meth:`lookup`. Reads only the buffer's own tensors, so a step
+        captured in a CUDA graph can admit what the step before it (graph or not) planned;
+        before any step it copies nothing."""
         from vecstore.executor.wave_cache import copy_clusters
 
-        assert self._zones is not None
-        copy_clusters(2, self._zones, self.admitted, self.pos, self.split, self.exec_k,
-                      self.exec_v, self.cache_k, self.cache_v, self.slot_tokens)
+        copy_clusters(2, self.layout, self.admitted, None, self.exec_k, self.exec_v,
+                      self.cache_k, self.cache_v, self.slot_tokens)
 
     def _copy_misses(self) -> None:
         from vecstore.executor.wave_cache import copy_clusters
 
         assert self._zones is not None
-        copy_clusters(0, self._zones, self.slot, self.pos, self.split, self.keys, self.values,
-                      self.exec_k, self.exec_v, self.slot_tokens)
+        copy_clusters(0, self.layout, self.slot, self._zones.first_row, self.keys,
+                      self.values, self.exec_k, self.exec_v, self.slot_tokens)
 
     # -- between steps (host) ----------------------------------------------------------
     def begin_step(self) -> None:

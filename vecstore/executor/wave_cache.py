@@ -20,6 +20,7 @@ import triton.language as tl
 from vecstore.kernels._backend import LazyKernel, num_sms
 
 if TYPE_CHECKING:
+    from vecstore.buffer.layout import ExecLayout
     from vecstore.executor.wave_state import Zones
 
 __all__ = ["lookup_slots", "plan_admission", "copy_clusters"]
@@ -31,17 +32,19 @@ _COPY_WARPS = 4
 # (2 per SM) against 2.025 at 4 x 1M. A program per cluster filled every SM with loads
 # waiting on PCIe, and the hits copy and the admission bookkeeping waited behind them
 _MISS_PROGRAMS_PER_SM = 1
-_LOOKUP_BLOCK = 1024  # retrieved clusters per step of the lookup's loop over a row
+_LOOKUP_BLOCK = 2048  # retrieved clusters per step of the lookup's loop over a row
+_LOOKUP_WARPS = 8
 
 
-def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, pos_ptr, split_ptr,
-                   counts_ptr, C, R_MAX, BLOCK: tl.constexpr):
+def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, l_count_ptr, size_ptr,
+                   pos_ptr, split_ptr, counts_ptr, C, R_MAX, BLOCK: tl.constexpr):
     # one row's retrieved clusters, BLOCK at a time: cache slot (-1: a miss, or past count),
-    # place among the row's hits (hits) or among its misses (misses), in retrieved order;
-    # the row's hit rows (split), and its hits, misses, hit rows and miss rows added to
-    # counts [4] (int64)
+    # size, place among the row's hits (hits) or among its misses (misses), in retrieved
+    # order; the row's count and hit rows (split), and its hits, misses, hit rows and miss
+    # rows added to counts [4] (int64)
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
+    tl.store(l_count_ptr + row, count)
     hit_rows = 0
     n_hit = 0
     miss_rows = 0
@@ -58,6 +61,7 @@ def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, pos_ptr, 
         before = hit_rows + tl.cumsum(h, axis=0) - h  # hit rows before cluster i
         # miss rows before cluster i: the rows before it that are not hit rows
         tl.store(pos_ptr + row * R_MAX + i, tl.where(hit, before, start - before), mask=valid)
+        tl.store(size_ptr + row * R_MAX + i, size, mask=valid)
         hit_rows += tl.sum(h, axis=0)
         n_hit += tl.sum(hit.to(tl.int32), axis=0)
         miss_rows += tl.sum(tl.where(valid & (slot < 0), size, 0), axis=0)
@@ -138,7 +142,7 @@ def _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j):
 
 
 def _copy_kernel(
-    cum_ptr, count_ptr, slot_ptr, pos_ptr, split_ptr, src_start_ptr,
+    count_ptr, size_ptr, slot_ptr, pos_ptr, split_ptr, src_start_ptr,
     src_k_ptr, src_v_ptr, dst_k_ptr, dst_v_ptr,
     R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,
     MODE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -153,8 +157,7 @@ def _copy_kernel(
     offs_d = tl.arange(0, D)
     for i in range(tl.program_id(1), count, tl.num_programs(1)):
         slot = tl.load(slot_ptr + row * R_MAX + i)
-        n = (tl.load(cum_ptr + row * (R_MAX + 1) + i + 1)
-             - tl.load(cum_ptr + row * (R_MAX + 1) + i))
+        n = tl.load(size_ptr + row * R_MAX + i)
         p0 = tl.load(pos_ptr + row * R_MAX + i)
         go = slot < 0 if MODE == 0 else slot >= 0
         if go:
@@ -183,21 +186,20 @@ _ADMISSION = LazyKernel(_admission_kernel)
 _COPY = LazyKernel(_copy_kernel)
 
 
-def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
-                 split: torch.Tensor, counts: torch.Tensor) -> None:
-    """Lay out a step's execution buffer, hits first: each retrieved cluster's cache slot
-    ``slot [rows, R]`` int32 from the slot table ``slot_of [rows, C + 1]`` (-1: not cached;
-    also past a row's ``count``), its place ``pos [rows, R]`` int32 among the row's hits
-    (hits) or among its misses (misses) in retrieved order, and each row's hit rows
-    ``split [rows]`` int32: a hit fills execution rows from ``pos``, a miss from
-    ``split + pos``. Adds the step's hits, misses, hit rows and miss rows to ``counts [4]``
-    int64. One program per row, where the torch version took about 20 small ops (80 us of
-    the offloaded step at 1 x 1M on the H200, before the miss copy could start)."""
+def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor, layout: ExecLayout,
+                 counts: torch.Tensor) -> None:
+    """Each retrieved cluster's cache slot ``slot [rows, R]`` int32 from the slot table
+    ``slot_of [rows, C + 1]`` (-1: not cached; also past a row's ``count``), and the step's
+    ``layout`` of the execution buffer; adds the step's hits, misses, hit rows and miss rows
+    to ``counts [4]`` int64. One program per row, where the torch version took about 20
+    small ops (80 us of the offloaded step at 1 x 1M on the H200, before the miss copy could
+    start)."""
     rows, r_max = zones.ids.shape
     _LOOKUP[(rows,)](
-        zones.ids, zones.cum, zones.count, slot_of, slot, pos, split, counts,
-        slot_of.shape[1] - 1, r_max,
-        BLOCK=min(_LOOKUP_BLOCK, max(16, triton.next_power_of_2(r_max))))
+        zones.ids, zones.cum, zones.count, slot_of, slot, layout.count, layout.size, layout.pos,
+        layout.split, counts, slot_of.shape[1] - 1, r_max,
+        BLOCK=min(_LOOKUP_BLOCK, max(16, triton.next_power_of_2(r_max))),
+        num_warps=_LOOKUP_WARPS)
 
 
 def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
@@ -224,27 +226,28 @@ def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
         BLOCK_R=min(1024, max(16, triton.next_power_of_2(r_max))))
 
 
-def copy_clusters(mode: int, zones: Zones, slot: torch.Tensor, pos: torch.Tensor,
-                  split: torch.Tensor, src_k: torch.Tensor, src_v: torch.Tensor,
+def copy_clusters(mode: int, layout: ExecLayout, slot: torch.Tensor,
+                  src_start: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
                   dst_k: torch.Tensor, dst_v: torch.Tensor, slot_tokens: int) -> None:
     """Move whole retrieved clusters between the tiers: a program per cluster, except for
     misses, which ``_MISS_PROGRAMS_PER_SM`` programs per SM copy in turn (so the loads waiting
     on PCIe leave SMs to the hits copy and the bookkeeping).
 
     ``mode`` 0 copies misses (``slot < 0``) from the KV rows ``src [rows, N, D]`` (GPU or
-    pinned host memory, read zero-copy) to the execution buffer ``dst [rows, M, D]``; 1
-    copies hits (``slot >= 0``) from the cache ``src [rows, S * T, D]`` to the execution
-    buffer; 2 copies clusters given a slot from the execution buffer ``src`` to the cache
-    ``dst``. ``slot`` is ``[rows, R]`` int32; ``pos`` and ``split`` place each cluster in
-    the execution buffer (:func:`lookup_slots`).
+    pinned host memory, read zero-copy; cluster ``i`` of a row starts at row
+    ``src_start [rows, R]``) to the execution buffer ``dst [rows, M, D]``; 1 copies hits
+    (``slot >= 0``) from the cache ``src [rows, S * T, D]`` to the execution buffer; 2
+    copies clusters given a slot from the execution buffer ``src`` to the cache ``dst``.
+    ``slot`` is ``[rows, R]`` int32; ``layout`` places each cluster in the execution
+    buffer.
     """
-    rows, r_max = zones.ids.shape
+    rows, r_max = slot.shape
     programs = r_max
     if mode == 0:
-        programs = min(r_max, math.ceil(_MISS_PROGRAMS_PER_SM * num_sms(zones.ids.device)
-                                        / rows))
+        programs = min(r_max, math.ceil(_MISS_PROGRAMS_PER_SM * num_sms(slot.device) / rows))
     _COPY[(rows, programs)](
-        zones.cum, zones.count, slot, pos, split, zones.first_row, src_k, src_v, dst_k, dst_v,
+        layout.count, layout.size, slot, layout.pos, layout.split,
+        src_start if src_start is not None else slot, src_k, src_v, dst_k, dst_v,
         r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
         MODE=mode, D=src_k.shape[2], BLOCK_N=_COPY_BLOCK, num_warps=_COPY_WARPS,
     )

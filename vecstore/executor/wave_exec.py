@@ -230,8 +230,14 @@ class WaveExecutor:
         dev = q.device
         buf = prep.buffer
         _, n_ret = retrieved_layout(prep.max_rows)
-        if buf is not None:  # the hits and the misses of the execution buffer apart
-            n_ret *= 2
+        main = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+        if buf is not None:
+            n_ret *= 2  # the hits and the misses of the execution buffer apart
+            admit = self._streams.get(dev, "admit")
+            if admit is not None:
+                admit.wait_stream(main)
+            with on(admit):  # the last step's admissions, beside this step's logits
+                buf.admit()
         n_std = steady_splits(steady.keys.shape[2])
         _, n_est = estimate_layout(prep.e_max)
         P = n_ret + n_std + n_est
@@ -245,7 +251,6 @@ class WaveExecutor:
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
         groups = 1 if buf is not None else pipeline_groups(rows, C)
-        main = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
         steady_done = torch.cuda.Event() if main is not None else None
         joins = []
         for g in range(groups):
@@ -296,13 +301,16 @@ class WaveExecutor:
                           parts: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The retrieved zone of an offloaded view, on the current stream: the block cache's
         lookup, hits and misses copied into the execution buffer, attention over the hits
-        while the misses cross PCIe, then over the misses. The admission runs on a stream of
-        its own: its bookkeeping (it reads the lookup, and hits never lose their slots) while
-        the hits and misses are copied, its copy next to the attention over the misses."""
+        while the misses cross PCIe, then over the misses. The admission's bookkeeping (it
+        reads the lookup, and hits never lose their slots) runs on a stream of its own while
+        the hits and misses are copied; the next step copies the admitted rows into the
+        cache (:meth:`decode` starts with it)."""
         from vecstore.executor.wave_kernels import attend_retrieved, retrieved_layout
 
         current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
         admit = self._streams.get(q.device, "admit")
+        if admit is not None:
+            current.wait_stream(admit)  # the last step's admissions are in the cache
         buf.lookup(zones)
         if admit is not None:
             admit.wait_stream(current)
@@ -310,14 +318,11 @@ class WaveExecutor:
             buf.plan_admission()
         buf.fill_misses()
         buf.fill_hits()
-        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0,
-                         split=buf.split)
+        split = buf.layout.split
+        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0, split=split)
         buf.wait_misses()
-        with on(admit):
-            buf.wait_misses()
-            buf.admit()
         attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts,
-                         retrieved_layout(buf.exec_k.shape[1])[1], split=buf.split,
+                         retrieved_layout(buf.exec_k.shape[1])[1], split=split,
                          after_split=True)
         if admit is not None:
             current.wait_stream(admit)

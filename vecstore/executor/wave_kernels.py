@@ -104,9 +104,9 @@ def _retrieved_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     CONTIG: tl.constexpr, SPAN: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    # execution positions [start + split * split_len, ...) of the row's retrieved rows, read
-    # from a contiguous execution buffer (CONTIG) or, in place, through the row map. SPAN 0:
-    # all of them; 1: positions [0, span); 2: [span, total)
+    # split `split` of the row's retrieved rows, read from a contiguous execution buffer
+    # (CONTIG) or, in place, through the row map. SPAN 0: all of them, split_len positions
+    # a split; 1: positions [0, span), 2: [span, total), spread evenly over the splits
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     stop = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
@@ -115,8 +115,12 @@ def _retrieved_kernel(
         stop = tl.load(span_ptr + row)
     elif SPAN == 2:
         start = tl.load(span_ptr + row)
-    p0 = start + split * split_len
-    p1 = tl.minimum(p0 + split_len, stop)
+    if SPAN == 0:
+        per = split_len
+    else:
+        per = tl.cdiv(tl.cdiv(stop - start, tl.num_programs(1)), BLOCK_N) * BLOCK_N
+    p0 = start + split * per
+    p1 = tl.minimum(p0 + per, stop)
     m_i, l_i, acc = empty_state(BLOCK_G, D)
     for p in range(p0, p1, BLOCK_N):
         pos = p + tl.arange(0, BLOCK_N)
@@ -263,9 +267,9 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     :func:`fill_rowmap`) the KV rows themselves, read in place; without it an execution
     buffer holding a row's ``cum[count]`` retrieved rows contiguously. With ``split [rows]``
     int32 only positions ``0:split`` of each row (or ``split:cum[count]`` if
-    ``after_split``). ``q`` is ``[rows * G, D]``; ``parts`` the ``[rows * G, P, D]`` and
-    ``[rows * G, P]`` float32 partial outputs and log-sum-exps, of which this writes
-    ``retrieved_layout(M)[1]`` from ``split_base`` on.
+    ``after_split``), spread evenly over the splits. ``q`` is ``[rows * G, D]``;
+    ``parts`` the ``[rows * G, P, D]`` and ``[rows * G, P]`` float32 partial outputs and
+    log-sum-exps, of which this writes ``retrieved_layout(M)[1]`` from ``split_base`` on.
     """
     rows, n_rows, dim = keys.shape
     group = q.shape[0] // rows

@@ -1,0 +1,45 @@
+"""Where a step's retrieved clusters sit in the wave buffer's execution buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ExecLayout"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecLayout:
+    """Where a step's retrieved clusters sit in the execution buffer: a row's hits first,
+    then its misses, each in retrieved order (written by
+    :func:`~vecstore.executor.wave_cache.lookup_slots`; kept by the wave buffer, so that the
+    next step can admit this step's misses from the execution buffer).
+
+    Attributes
+    ----------
+    count : torch.Tensor
+        ``[rows]`` int32 retrieved clusters.
+    size : torch.Tensor
+        ``[rows, R]`` int32 rows of each retrieved cluster.
+    pos : torch.Tensor
+        ``[rows, R]`` int32 place of a cluster's first row among the row's hit rows (a hit;
+        execution row ``pos``) or among its miss rows (a miss; execution row
+        ``split + pos``).
+    split : torch.Tensor
+        ``[rows]`` int32 hit rows: where the misses start.
+    """
+
+    count: torch.Tensor
+    size: torch.Tensor
+    pos: torch.Tensor
+    split: torch.Tensor
+
+    @staticmethod
+    def empty(rows: int, r_max: int, device: torch.device) -> ExecLayout:
+        """Zeroed buffers for ``rows`` rows of at most ``r_max`` retrieved clusters."""
+        i32 = torch.int32
+        return ExecLayout(torch.zeros(rows, dtype=i32, device=device),
+                          torch.zeros(rows, r_max, dtype=i32, device=device),
+                          torch.zeros(rows, r_max, dtype=i32, device=device),
+                          torch.zeros(rows, dtype=i32, device=device))
