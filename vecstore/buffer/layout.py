@@ -13,8 +13,8 @@ __all__ = ["ExecLayout"]
 class ExecLayout:
     """Where a step's retrieved clusters sit in the execution buffer: a row's hits first,
     then its misses, each in retrieved order (written by
-    :func:`~vecstore.executor.wave_cache.lookup_slots`; kept by the wave buffer, so that the
-    next step can admit this step's misses from the execution buffer).
+    :func:`~vecstore.executor.wave_cache.lookup_slots`, read by the copies between the
+    tiers).
 
     Attributes
     ----------

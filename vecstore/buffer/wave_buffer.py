@@ -11,9 +11,9 @@ Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wa
    side CUDA stream, so that the execution buffer holds every retrieved row contiguously.
    The executor attends the hits while the misses are copied.
 3. :meth:`WaveBuffer.plan_admission` gives misses the next usable slots of the victim list,
-   and :meth:`WaveBuffer.admit` copies them into the cache from the execution buffer (no
-   cluster crosses PCIe twice) at the start of the next step, beside its selection. Clusters
-   larger than a slot are never cached.
+   and :meth:`WaveBuffer.admit` copies them into the cache from the execution buffer once
+   they have arrived: no cluster crosses PCIe twice. Clusters larger than a slot are never
+   cached.
 4. :meth:`WaveBuffer.finish_step` hands the step's record to the
    :class:`~vecstore.buffer.bookkeeping.PolicyBookkeeper` (policy on a CPU thread), and
    :meth:`WaveBuffer.begin_step` installs the newest victim list it published.
@@ -182,11 +182,9 @@ class WaveBuffer:
                        self.slot_of, self.admitted, self.evicted, self.slot_tokens)
 
     def admit(self) -> None:
-        """Copy the misses the last :meth:`plan_admission` gave a slot from the execution
-        buffer into the cache: after that step's misses have arrived (:meth:`wait_misses`)
-        and before the next :meth:`lookup`. Reads only the buffer's own tensors, so a step
-        captured in a CUDA graph can admit what the step before it (graph or not) planned;
-        before any step it copies nothing."""
+        """Copy the misses :meth:`plan_admission` gave a slot from the execution buffer into
+        the cache: after the misses have arrived (:meth:`wait_misses`) and before the next
+        :meth:`lookup`."""
         from vecstore.executor.wave_cache import copy_clusters
 
         copy_clusters(2, self.layout, self.admitted, None, self.exec_k, self.exec_v,

@@ -233,11 +233,6 @@ class WaveExecutor:
         main = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
         if buf is not None:
             n_ret *= 2  # the hits and the misses of the execution buffer apart
-            admit = self._streams.get(dev, "admit")
-            if admit is not None:
-                admit.wait_stream(main)
-            with on(admit):  # the last step's admissions, beside this step's logits
-                buf.admit()
         n_std = steady_splits(steady.keys.shape[2])
         _, n_est = estimate_layout(prep.e_max)
         P = n_ret + n_std + n_est
@@ -287,7 +282,9 @@ class WaveExecutor:
                     attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
                                      scale, part, 0)
                 else:
-                    self._attend_offloaded(buf, z, qf[x0:x1], scale, part)
+                    admit = self._attend_offloaded(buf, z, qf[x0:x1], scale, part)
+                    if admit is not None:
+                        joins.append(admit)
                 if sel is not None:
                     sel.wait_stream(side)
                     sel.wait_event(steady_done)
@@ -298,19 +295,17 @@ class WaveExecutor:
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
 
     def _attend_offloaded(self, buf: WaveBuffer, zones: Zones, q: torch.Tensor, scale: float,
-                          parts: tuple[torch.Tensor, torch.Tensor]) -> None:
+                          parts: tuple[torch.Tensor, torch.Tensor]) -> torch.cuda.Stream | None:
         """The retrieved zone of an offloaded view, on the current stream: the block cache's
         lookup, hits and misses copied into the execution buffer, attention over the hits
-        while the misses cross PCIe, then over the misses. The admission's bookkeeping (it
-        reads the lookup, and hits never lose their slots) runs on a stream of its own while
-        the hits and misses are copied; the next step copies the admitted rows into the
-        cache (:meth:`decode` starts with it)."""
+        while the misses cross PCIe, then over the misses. The admission runs on a stream of
+        its own: its bookkeeping (it reads the lookup, and hits never lose their slots) while
+        the hits and misses are copied, its copy of the admitted rows into the cache after
+        the attention over the misses, beside the merge (the caller joins the stream)."""
         from vecstore.executor.wave_kernels import attend_retrieved, retrieved_layout
 
         current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
         admit = self._streams.get(q.device, "admit")
-        if admit is not None:
-            current.wait_stream(admit)  # the last step's admissions are in the cache
         buf.lookup(zones)
         if admit is not None:
             admit.wait_stream(current)
@@ -325,7 +320,10 @@ class WaveExecutor:
                          retrieved_layout(buf.exec_k.shape[1])[1], split=split,
                          after_split=True)
         if admit is not None:
-            current.wait_stream(admit)
+            admit.wait_stream(current)  # the misses have arrived
+        with on(admit):
+            buf.admit()
+        return admit
 
     def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                 scale: float) -> DecodeResult:
