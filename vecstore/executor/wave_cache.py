@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vecstore.executor.wave_radix import chained, follow
 from vecstore.kernels._backend import LazyKernel, num_sms
 
 if TYPE_CHECKING:
@@ -37,11 +38,13 @@ _LOOKUP_WARPS = 8
 
 
 def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, l_count_ptr, size_ptr,
-                   pos_ptr, split_ptr, counts_ptr, C, R_MAX, BLOCK: tl.constexpr):
+                   pos_ptr, split_ptr, counts_ptr, C, R_MAX, BLOCK: tl.constexpr,
+                   GDC: tl.constexpr):
     # one row's retrieved clusters, BLOCK at a time: cache slot (-1: a miss, or past count),
     # size, place among the row's hits (hits) or among its misses (misses), in retrieved
     # order; the row's count and hit rows (split), and its hits, misses, hit rows and miss
     # rows added to counts [4] (int64)
+    follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
     tl.store(l_count_ptr + row, count)
@@ -193,13 +196,14 @@ def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor, layout
     ``layout`` of the execution buffer; adds the step's hits, misses, hit rows and miss rows
     to ``counts [4]`` int64. One program per row, where the torch version took about 20
     small ops (80 us of the offloaded step at 1 x 1M on the H200, before the miss copy could
-    start)."""
+    start); chained after the selection's zone write on its stream (programmatic dependent
+    launch where the device has it)."""
     rows, r_max = zones.ids.shape
     _LOOKUP[(rows,)](
         zones.ids, zones.cum, zones.count, slot_of, slot, layout.count, layout.size, layout.pos,
         layout.split, counts, slot_of.shape[1] - 1, r_max,
         BLOCK=min(_LOOKUP_BLOCK, max(16, triton.next_power_of_2(r_max))),
-        num_warps=_LOOKUP_WARPS)
+        num_warps=_LOOKUP_WARPS, **chained(slot.device))
 
 
 def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
