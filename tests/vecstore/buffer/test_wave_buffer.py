@@ -43,14 +43,17 @@ def _zones(ids_per_row, sizes, first, r_max):
     return z
 
 
-def _step(buf, zones):
+def _step(buf, zones, groups=1):
     buf.begin_step()
-    buf.lookup(zones)
-    buf.fill_misses()
-    buf.fill_hits()
-    buf.plan_admission()
-    buf.wait_misses()
-    buf.admit()
+    for g in range(groups):  # row groups, as the executor serves them
+        r0, r1 = g * ROWS // groups, (g + 1) * ROWS // groups
+        rows = buf.part(r0, r1)
+        rows.lookup(zones.rows(r0, r1))
+        rows.fill_misses()
+        rows.fill_hits()
+        rows.plan_admission()
+        rows.wait_misses()
+        rows.admit()
     buf.finish_step()
     buf.bookkeeper.wait()
 
@@ -67,8 +70,9 @@ def _expected_exec(zones, keys, row, cached):
     return torch.cat(parts)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
 @interpreted
-def test_execution_buffer_cache_and_admission():
+def test_execution_buffer_cache_and_admission(groups):
     gen = torch.Generator().manual_seed(0)
     sizes, first, keys, values = _layout(gen)
     buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=4,
@@ -78,7 +82,7 @@ def test_execution_buffer_cache_and_admission():
         zones = _zones(ids, sizes, first, 6)
         cached = [set((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
                   for r in range(ROWS)]
-        _step(buf, zones)
+        _step(buf, zones, groups)
         for r in range(ROWS):
             total = int(zones.cum[r, zones.count[r]])
             hit_rows = sum(int(sizes[r, c]) for c in ids[r] if c in cached[r])
