@@ -168,12 +168,11 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
     from vecstore.executor import wave_radix, wave_streams
 
     monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", row_radix_max)
-    # 4 rows in 3 pipelined groups (1, 1, 2), resident or offloaded
+    # 4 rows in 3 pipelined groups (1, 1, 2); an offloaded view is served in one group
     monkeypatch.setattr(wave_streams, "_PIPELINE_GROUPS", groups)
-    monkeypatch.setattr(wave_streams, "_OFFLOAD_GROUPS", groups)
     monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
     monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
-    assert wave_streams.pipeline_groups(4, 1, offloaded=offload) == groups
+    assert wave_streams.pipeline_groups(4, 1) == groups
     gen = torch.Generator().manual_seed(1)
     cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
         **CFG.to_dict()["index"], "radius_weight": radius_weight}})
@@ -330,8 +329,6 @@ def test_pipeline_groups_only_where_the_selection_is_long():
     assert pipeline_groups(64, 1 << 15) == 2  # 8 x 512K
     assert pipeline_groups(16, 1 << 17) == 1  # 2 x 1M: fewer than 16 rows a group
     assert pipeline_groups(8, 1 << 20) == 1
-    assert pipeline_groups(8, 1 << 16, offloaded=True) == 2  # offloaded 1 x 1M
-    assert pipeline_groups(1, 1 << 16, offloaded=True) == 1
 
 
 @pytest.mark.parametrize(("dims", "block"), [(128, 16), (16, 16), (32, 64)])

@@ -18,8 +18,6 @@ class ExecLayout:
 
     Attributes
     ----------
-    ids : torch.Tensor
-        ``[rows, R]`` int32 retrieved cluster ids (a copy of the step's zones).
     count : torch.Tensor
         ``[rows]`` int32 retrieved clusters.
     size : torch.Tensor
@@ -32,7 +30,6 @@ class ExecLayout:
         ``[rows]`` int32 hit rows: where the misses start.
     """
 
-    ids: torch.Tensor
     count: torch.Tensor
     size: torch.Tensor
     pos: torch.Tensor
@@ -42,12 +39,7 @@ class ExecLayout:
     def empty(rows: int, r_max: int, device: torch.device) -> ExecLayout:
         """Zeroed buffers for ``rows`` rows of at most ``r_max`` retrieved clusters."""
         i32 = torch.int32
-        return ExecLayout(torch.zeros(rows, r_max, dtype=i32, device=device),
-                          torch.zeros(rows, dtype=i32, device=device),
+        return ExecLayout(torch.zeros(rows, dtype=i32, device=device),
                           torch.zeros(rows, r_max, dtype=i32, device=device),
                           torch.zeros(rows, r_max, dtype=i32, device=device),
                           torch.zeros(rows, dtype=i32, device=device))
-
-    def rows(self, start: int, stop: int) -> ExecLayout:
-        """The layout of rows ``start:stop`` (views: writing them writes these)."""
-        return ExecLayout(*(getattr(self, f)[start:stop] for f in ExecLayout.__slots__))

@@ -1,19 +1,17 @@
 """The wave buffer: a per-layer GPU block cache in front of offloaded KV, and the execution buffer.
 
-Per step, after the retrieved clusters are chosen
-(:class:`~vecstore.executor.wave_state.Zones`), for all rows or row group by row group
-(:meth:`WaveBuffer.part`, a :class:`~vecstore.buffer.buffer_rows.BufferRows`):
+Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wave_kernels.Zones`):
 
-1. :meth:`BufferRows.lookup` reads each retrieved cluster's slot from the GPU slot table
+1. :meth:`WaveBuffer.lookup` reads each retrieved cluster's slot from the GPU slot table
    (hits and misses per (sequence, KV head) row, no host round trip) and lays out the
    execution buffer: a row's hits first (rows ``0:split``), then its misses
    (``split:total``).
-2. :meth:`BufferRows.fill_hits` copies hits from their cache slots, and
-   :meth:`BufferRows.fill_misses` copies misses from the KV rows in pinned host memory on a
+2. :meth:`WaveBuffer.fill_hits` copies hits from their cache slots, and
+   :meth:`WaveBuffer.fill_misses` copies misses from the KV rows in pinned host memory on a
    side CUDA stream, so that the execution buffer holds every retrieved row contiguously.
    The executor attends the hits while the misses are copied.
-3. :meth:`BufferRows.plan_admission` gives misses the next usable slots of the victim list,
-   and :meth:`BufferRows.admit` copies them into the cache from the execution buffer once
+3. :meth:`WaveBuffer.plan_admission` gives misses the next usable slots of the victim list,
+   and :meth:`WaveBuffer.admit` copies them into the cache from the execution buffer once
    they have arrived: no cluster crosses PCIe twice. Clusters larger than a slot are never
    cached.
 4. :meth:`WaveBuffer.finish_step` hands the step's record to the
@@ -27,14 +25,17 @@ steps. Rows are ``b * Hkv + h``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
 from vecstore.buffer.budget import account_for
-from vecstore.buffer.buffer_rows import BufferRows
 from vecstore.buffer.layout import ExecLayout
 from vecstore.kvstore.base import MemoryAccount
+
+if TYPE_CHECKING:
+    from vecstore.executor.wave_state import Zones
 
 __all__ = ["WaveBuffer", "BufferStats"]
 
@@ -124,23 +125,77 @@ class WaveBuffer:
         self.layout = ExecLayout.empty(rows, r_max, device)
         self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
-        self.counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
+        self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
         self.bookkeeper = PolicyBookkeeper(rows, num_slots, policy)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._parts: dict[tuple[int, int], BufferRows] = {}
+        self._misses_done: torch.cuda.Event | None = None
+        self._zones: Zones | None = None
 
     # -- device work of one step (fixed shapes) ----------------------------------------
-    def part(self, start: int, stop: int) -> BufferRows:
-        """The step's device work over rows ``start:stop`` (kept per range)."""
-        rows = self._parts.get((start, stop))
-        if rows is None:
-            rows = self._parts[(start, stop)] = BufferRows(self, start, stop)
-        return rows
+    def lookup(self, zones: Zones) -> None:
+        """Find each retrieved cluster's slot (-1 = miss), place it in the execution buffer
+        (hits first) and count hits and misses."""
+        from vecstore.executor.wave_cache import lookup_slots
 
-    @property
-    def whole(self) -> BufferRows:
-        """The step's device work over every row."""
-        return self.part(0, self.rows)
+        self._zones = zones
+        lookup_slots(zones, self.slot_of, self.slot, self.layout, self._counts)
+
+    def fill_hits(self) -> None:
+        """Copy hits from their slots into the execution buffer (current stream)."""
+        from vecstore.executor.wave_cache import copy_clusters
+
+        assert self._zones is not None
+        copy_clusters(1, self.layout, self.slot, None, self.cache_k, self.cache_v,
+                      self.exec_k, self.exec_v, self.slot_tokens)
+
+    def fill_misses(self) -> None:
+        """Copy misses from host memory into the execution buffer, on the copy stream."""
+        if self.copy_stream is None:
+            self._copy_misses()
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.copy_stream.wait_stream(main)
+        with torch.cuda.stream(self.copy_stream):
+            self._copy_misses()
+            self._misses_done = torch.cuda.Event()
+            self._misses_done.record(self.copy_stream)
+
+    def wait_misses(self) -> None:
+        """Make the current stream wait for the step's :meth:`fill_misses` (any number of
+        streams may wait)."""
+        if self._misses_done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._misses_done)
+
+    def plan_admission(self) -> None:
+        """Give misses the next usable victim slots (device bookkeeping only).
+
+        A slot is usable if the current victim list has not handed it out already and no
+        cluster of this step is in it. It reads no KV, so it runs while
+        :meth:`fill_misses` is still copying; :meth:`admit` then moves the rows. The slot
+        table says the clusters are cached from here on: :meth:`admit` must run before the
+        next :meth:`lookup`.
+        """
+        from vecstore.executor.wave_cache import plan_admission
+
+        assert self._zones is not None
+        plan_admission(self._zones, self.slot, self.victims, self.consumed, self.owner,
+                       self.slot_of, self.admitted, self.evicted, self.slot_tokens)
+
+    def admit(self) -> None:
+        """Copy the misses :meth:`plan_admission` gave a slot from the execution buffer into
+        the cache: after the misses have arrived (:meth:`wait_misses`) and before the next
+        :meth:`lookup`."""
+        from vecstore.executor.wave_cache import copy_clusters
+
+        copy_clusters(2, self.layout, self.admitted, None, self.exec_k, self.exec_v,
+                      self.cache_k, self.cache_v, self.slot_tokens)
+
+    def _copy_misses(self) -> None:
+        from vecstore.executor.wave_cache import copy_clusters
+
+        assert self._zones is not None
+        copy_clusters(0, self.layout, self.slot, self._zones.first_row, self.keys,
+                      self.values, self.exec_k, self.exec_v, self.slot_tokens)
 
     # -- between steps (host) ----------------------------------------------------------
     def begin_step(self) -> None:
@@ -152,8 +207,9 @@ class WaveBuffer:
 
     def finish_step(self) -> None:
         """Copy the step's record to the host and queue it for the policy worker."""
-        layout = self.layout
-        parts = [layout.ids, self.slot, self.admitted, self.evicted, layout.count]
+        zones = self._zones
+        assert zones is not None
+        parts = [zones.ids, self.slot, self.admitted, self.evicted, zones.count]
         if self.device.type == "cuda":
             host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in parts]
             for h, p in zip(host, parts, strict=True):
@@ -167,12 +223,12 @@ class WaveBuffer:
     @property
     def stats(self) -> BufferStats:
         """Hits and misses so far (synchronises with the device)."""
-        h, m, hr, mr = self.counts.tolist()
+        h, m, hr, mr = self._counts.tolist()
         return BufferStats(hits=h, misses=m, hit_rows=hr, miss_rows=mr)
 
     def reset_stats(self) -> None:
         """Zero the counters (e.g. after warm-up)."""
-        self.counts.zero_()
+        self._counts.zero_()
 
     def close(self) -> None:
         """Stop the policy worker and return the GPU budget; safe to repeat."""

@@ -37,13 +37,13 @@ _LOOKUP_BLOCK = 2048  # retrieved clusters per step of the lookup's loop over a 
 _LOOKUP_WARPS = 8
 
 
-def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, l_ids_ptr, l_count_ptr,
-                   size_ptr, pos_ptr, split_ptr, counts_ptr, C, R_MAX, BLOCK: tl.constexpr,
+def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, l_count_ptr, size_ptr,
+                   pos_ptr, split_ptr, counts_ptr, C, R_MAX, BLOCK: tl.constexpr,
                    GDC: tl.constexpr):
     # one row's retrieved clusters, BLOCK at a time: cache slot (-1: a miss, or past count),
-    # id and size (copies), place among the row's hits (hits) or among its misses (misses),
-    # in retrieved order; the row's count and hit rows (split), and its hits, misses, hit
-    # rows and miss rows added to counts [4] (int64)
+    # size, place among the row's hits (hits) or among its misses (misses), in retrieved
+    # order; the row's count and hit rows (split), and its hits, misses, hit rows and miss
+    # rows added to counts [4] (int64)
     follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
@@ -57,7 +57,6 @@ def _lookup_kernel(ids_ptr, cum_ptr, count_ptr, slot_of_ptr, slot_ptr, l_ids_ptr
         cid = tl.load(ids_ptr + row * R_MAX + i, mask=valid, other=0)
         slot = tl.load(slot_of_ptr + row * (C + 1) + cid, mask=valid, other=-1)
         tl.store(slot_ptr + row * R_MAX + i, slot, mask=i < R_MAX)
-        tl.store(l_ids_ptr + row * R_MAX + i, cid, mask=i < R_MAX)
         start = tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=valid, other=0)
         size = tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=valid, other=0) - start
         hit = valid & (slot >= 0)
@@ -201,8 +200,8 @@ def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor, layout
     launch where the device has it)."""
     rows, r_max = zones.ids.shape
     _LOOKUP[(rows,)](
-        zones.ids, zones.cum, zones.count, slot_of, slot, layout.ids, layout.count, layout.size,
-        layout.pos, layout.split, counts, slot_of.shape[1] - 1, r_max,
+        zones.ids, zones.cum, zones.count, slot_of, slot, layout.count, layout.size, layout.pos,
+        layout.split, counts, slot_of.shape[1] - 1, r_max,
         BLOCK=min(_LOOKUP_BLOCK, max(16, triton.next_power_of_2(r_max))),
         num_warps=_LOOKUP_WARPS, **chained(slot.device))
 

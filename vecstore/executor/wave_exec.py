@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 import torch
 
-from vecstore.buffer.buffer_rows import BufferRows
+from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
@@ -245,7 +245,7 @@ class WaveExecutor:
         zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
         out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
         lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
-        groups = pipeline_groups(rows, C, offloaded=buf is not None)
+        groups = 1 if buf is not None else pipeline_groups(rows, C)
         steady_done = torch.cuda.Event() if main is not None else None
         joins = []
         for g in range(groups):
@@ -282,8 +282,7 @@ class WaveExecutor:
                     attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
                                      scale, part, 0)
                 else:
-                    admit = self._attend_offloaded(buf.part(r0, r1), z, qf[x0:x1], scale,
-                                                   part, g)
+                    admit = self._attend_offloaded(buf, z, qf[x0:x1], scale, part)
                     if admit is not None:
                         joins.append(admit)
                 if sel is not None:
@@ -295,9 +294,8 @@ class WaveExecutor:
         return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
                             parts_lse=parts[1], num_exact_parts=n_ret + n_std)
 
-    def _attend_offloaded(self, buf: BufferRows, zones: Zones, q: torch.Tensor, scale: float,
-                          parts: tuple[torch.Tensor, torch.Tensor],
-                          group: int) -> torch.cuda.Stream | None:
+    def _attend_offloaded(self, buf: WaveBuffer, zones: Zones, q: torch.Tensor, scale: float,
+                          parts: tuple[torch.Tensor, torch.Tensor]) -> torch.cuda.Stream | None:
         """The retrieved zone of an offloaded view, on the current stream: the block cache's
         lookup, hits and misses copied into the execution buffer, attention over the hits
         while the misses cross PCIe, then over the misses. The admission runs on a stream of
@@ -307,7 +305,7 @@ class WaveExecutor:
         from vecstore.executor.wave_kernels import attend_retrieved, retrieved_layout
 
         current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
-        admit = self._streams.get(q.device, "admit", group)
+        admit = self._streams.get(q.device, "admit")
         buf.lookup(zones)
         if admit is not None:
             admit.wait_stream(current)

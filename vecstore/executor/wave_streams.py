@@ -28,20 +28,15 @@ __all__ = ["pipeline_groups", "StreamPool", "on"]
 _PIPELINE_GROUPS = 2
 _PIPELINE_MIN_ROWS = 16
 _PIPELINE_MIN_SCORES = 1 << 21
-# offloaded views: row groups whatever their size, so the first group's misses start crossing
-# PCIe while the next group's logits and selection run (the copy is the step's longest part)
-_OFFLOAD_GROUPS = 2
 # priority of the selection streams: -1 (high) measured 0.152 against 0.164 ms at 1 x 1M but
 # 0.425-0.431 against 0.417 at 4 x 1M (2 groups) and 0.459-0.467 against 0.439 at 32 x 128K; the
 # offloaded step at 1 x 1M 0.412 against 0.404
 _SELECT_PRIORITY = 0
 
 
-def pipeline_groups(rows: int, clusters: int, offloaded: bool = False) -> int:
+def pipeline_groups(rows: int, clusters: int) -> int:
     """Row groups a step over ``rows`` (sequence, KV head) rows of ``clusters`` clusters is
-    pipelined in (``offloaded``: KV rows behind a wave buffer)."""
-    if offloaded:
-        return max(1, min(_OFFLOAD_GROUPS, rows))
+    pipelined in."""
     if rows * clusters < _PIPELINE_MIN_SCORES:
         return 1
     return max(1, min(_PIPELINE_GROUPS, rows // _PIPELINE_MIN_ROWS))
@@ -51,8 +46,8 @@ class StreamPool:
     """The streams of a step by role and row group, created once per device.
 
     Roles: ``select`` (a group's selection and retrieved attention, at
-    ``_SELECT_PRIORITY``), ``side`` (its steady and estimated zones), ``admit`` (its
-    admission, for an offloaded view).
+    ``_SELECT_PRIORITY``), ``side`` (its steady and estimated zones), ``admit`` (an offloaded
+    view's admission).
 
     Examples
     --------

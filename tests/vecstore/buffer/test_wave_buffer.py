@@ -43,17 +43,14 @@ def _zones(ids_per_row, sizes, first, r_max):
     return z
 
 
-def _step(buf, zones, groups=1):
+def _step(buf, zones):
     buf.begin_step()
-    for g in range(groups):  # row groups, as the executor serves them
-        r0, r1 = g * ROWS // groups, (g + 1) * ROWS // groups
-        rows = buf.part(r0, r1)
-        rows.lookup(zones.rows(r0, r1))
-        rows.fill_misses()
-        rows.fill_hits()
-        rows.plan_admission()
-        rows.wait_misses()
-        rows.admit()
+    buf.lookup(zones)
+    buf.fill_misses()
+    buf.fill_hits()
+    buf.plan_admission()
+    buf.wait_misses()
+    buf.admit()
     buf.finish_step()
     buf.bookkeeper.wait()
 
@@ -70,9 +67,8 @@ def _expected_exec(zones, keys, row, cached):
     return torch.cat(parts)
 
 
-@pytest.mark.parametrize("groups", [1, 2])
 @interpreted
-def test_execution_buffer_cache_and_admission(groups):
+def test_execution_buffer_cache_and_admission():
     gen = torch.Generator().manual_seed(0)
     sizes, first, keys, values = _layout(gen)
     buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=4,
@@ -82,7 +78,7 @@ def test_execution_buffer_cache_and_admission(groups):
         zones = _zones(ids, sizes, first, 6)
         cached = [set((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
                   for r in range(ROWS)]
-        _step(buf, zones, groups)
+        _step(buf, zones)
         for r in range(ROWS):
             total = int(zones.cum[r, zones.count[r]])
             hit_rows = sum(int(sizes[r, c]) for c in ids[r] if c in cached[r])
