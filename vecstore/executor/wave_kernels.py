@@ -50,6 +50,8 @@ RETRIEVED_SPLIT = 512
 STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
+# a row's retrieved rows spread evenly over its splits (else RETRIEVED_SPLIT rows a split)
+_RETRIEVED_SPREAD = True
 _BLOCK_E = 128
 # splits per row the estimation zone aims at (each >= ESTIMATE_SPLIT), and its warps; H200
 # whole steps at 8 x 128K / 8 x 512K / 4 x 1M / 8 x 1M, against 32 splits of 64-cluster
@@ -104,11 +106,12 @@ def _retrieved_kernel(
     part_out_ptr, part_lse_ptr,
     N, M, R_MAX, scale, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, SPAN: tl.constexpr, DOT_F32: tl.constexpr,
+    CONTIG: tl.constexpr, SPAN: tl.constexpr, SPREAD: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # split `split` of the row's retrieved rows, read from a contiguous execution buffer
-    # (CONTIG) or, in place, through the row map. SPAN 0: all of them, split_len positions
-    # a split; 1: positions [0, span), 2: [span, total), spread evenly over the splits
+    # (CONTIG) or, in place, through the row map. SPAN 0: all of them; 1: positions
+    # [0, span), 2: [span, total). Spread evenly over the splits (SPREAD or a span), else
+    # split_len positions a split
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     stop = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
@@ -117,10 +120,10 @@ def _retrieved_kernel(
         stop = tl.load(span_ptr + row)
     elif SPAN == 2:
         start = tl.load(span_ptr + row)
-    if SPAN == 0:
-        per = split_len
-    else:
+    if SPREAD or SPAN != 0:
         per = tl.cdiv(tl.cdiv(stop - start, tl.num_programs(1)), BLOCK_N) * BLOCK_N
+    else:
+        per = split_len
     p0 = start + split * per
     p1 = tl.minimum(p0 + per, stop)
     m_i, l_i, acc = empty_state(BLOCK_G, D)
@@ -283,6 +286,7 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         zones.ids.shape[1], scale, split_base, parts[1].shape[1], per,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
         CONTIG=rowmap is None, SPAN=0 if split is None else 2 if after_split else 1,
+        SPREAD=_RETRIEVED_SPREAD,
         DOT_F32=needs_f32_dot(keys.dtype),
     )
 
