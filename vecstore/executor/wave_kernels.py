@@ -45,13 +45,14 @@ __all__ = [
 ]
 
 # rows (clusters) per split; larger splits measured 11 us faster than 256 / 128 at 8 x 128K on
-# the H200 (fewer partial states to write and merge), the same at 4 x 1M
+# the H200 (fewer partial states to write and merge), the same at 4 x 1M. The splits a zone
+# of at most max_rows rows gets; each row's rows spread evenly over them (H200, whole steps
+# against 512 rows a split: 8 x 128K 0.142 against 0.145 ms, 8 x 512K 0.375 / 0.376, 4 x 1M
+# 0.369 / 0.370, 8 x 1M 0.679 / 0.677; 256-row splits no faster)
 RETRIEVED_SPLIT = 512
 STEADY_SPLIT = 256
 ESTIMATE_SPLIT = 256
 _BLOCK_N = 64
-# a row's retrieved rows spread evenly over its splits (else RETRIEVED_SPLIT rows a split)
-_RETRIEVED_SPREAD = True
 _BLOCK_E = 128
 # splits per row the estimation zone aims at (each >= ESTIMATE_SPLIT), and its warps; H200
 # whole steps at 8 x 128K / 8 x 512K / 4 x 1M / 8 x 1M, against 32 splits of 64-cluster
@@ -104,14 +105,13 @@ def _attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
 def _retrieved_kernel(
     q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr, span_ptr,
     part_out_ptr, part_lse_ptr,
-    N, M, R_MAX, scale, split_base, num_parts, split_len,
+    N, M, R_MAX, scale, split_base, num_parts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, SPAN: tl.constexpr, SPREAD: tl.constexpr, DOT_F32: tl.constexpr,
+    CONTIG: tl.constexpr, SPAN: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # split `split` of the row's retrieved rows, read from a contiguous execution buffer
     # (CONTIG) or, in place, through the row map. SPAN 0: all of them; 1: positions
-    # [0, span), 2: [span, total). Spread evenly over the splits (SPREAD or a span), else
-    # split_len positions a split
+    # [0, span), 2: [span, total); spread evenly over the row's splits
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
     stop = tl.load(cum_ptr + row * (R_MAX + 1) + tl.load(count_ptr + row))
@@ -120,10 +120,7 @@ def _retrieved_kernel(
         stop = tl.load(span_ptr + row)
     elif SPAN == 2:
         start = tl.load(span_ptr + row)
-    if SPREAD or SPAN != 0:
-        per = tl.cdiv(tl.cdiv(stop - start, tl.num_programs(1)), BLOCK_N) * BLOCK_N
-    else:
-        per = split_len
+    per = tl.cdiv(tl.cdiv(stop - start, tl.num_programs(1)), BLOCK_N) * BLOCK_N
     p0 = start + split * per
     p1 = tl.minimum(p0 + per, stop)
     m_i, l_i, acc = empty_state(BLOCK_G, D)
@@ -245,7 +242,8 @@ _ROWMAP = LazyKernel(_rowmap_kernel)
 
 
 def retrieved_layout(max_rows: int) -> tuple[int, int]:
-    """``(positions per split, splits)`` of a retrieved zone of at most ``max_rows`` rows."""
+    """``(nominal positions per split, splits)`` of a retrieved zone of at most ``max_rows``
+    rows (the kernel spreads each row's rows evenly over the splits)."""
     per = RETRIEVED_SPLIT
     while triton.cdiv(max_rows, per) > 64:
         per *= 2
@@ -279,14 +277,13 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     rows, n_rows, dim = keys.shape
     group = q.shape[0] // rows
     m = rowmap.shape[1] if rowmap is not None else n_rows
-    per, num_splits = retrieved_layout(m)
+    _, num_splits = retrieved_layout(m)
     _RETRIEVED[(rows, num_splits)](
         q, keys, values, rowmap if rowmap is not None else zones.cum, zones.cum, zones.count,
         split if split is not None else zones.count, parts[0], parts[1], n_rows, m,
-        zones.ids.shape[1], scale, split_base, parts[1].shape[1], per,
+        zones.ids.shape[1], scale, split_base, parts[1].shape[1],
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
         CONTIG=rowmap is None, SPAN=0 if split is None else 2 if after_split else 1,
-        SPREAD=_RETRIEVED_SPREAD,
         DOT_F32=needs_f32_dot(keys.dtype),
     )
 
