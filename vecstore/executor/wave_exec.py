@@ -200,7 +200,8 @@ class WaveExecutor:
 
         Only device work of fixed shapes for fixed inputs (the steady capacity included),
         so the whole call can be captured in a CUDA graph; an offloaded view's
-        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it.
+        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it. A graph capturing it
+        reads ``prep``'s tensors: keep ``prep`` alive as long as the graph.
 
         On CUDA the rows are served in
         :func:`~vecstore.executor.wave_streams.pipeline_groups` groups: the current stream
