@@ -54,13 +54,12 @@ from benchmarks.decode_setup import (  # noqa: E402
     full_attention,
     ideal_bytes,
     make_inputs,
+    pinned_view,
     rel_err,
 )
 from vecstore.executor.torch_ref import TorchExecutor  # noqa: E402
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
-from vecstore.index.base import IndexView  # noqa: E402
 from vecstore.index.wave import WaveIndex  # noqa: E402
-from vecstore.kvstore import PinnedKVStore  # noqa: E402
 
 
 def resident(timer: Timer, ceil: dict[str, float], batch: int, tokens: int, dev: torch.device,
@@ -130,10 +129,7 @@ def offloaded(timer: Timer, ceil: dict[str, float], batch: int, tokens: int,
               stream_baseline: bool) -> dict:
     view, steady, q = make_inputs(batch, tokens, dev, seed=batch * 11 + tokens % 89)
     index = WaveIndex(CFG)
-    pinned = PinnedKVStore()
-    rows = pinned.store(view.keys, view.values)
-    off = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets, sizes=view.sizes,
-                    meta=view.meta, num_units=view.num_units)
+    pinned, rows, off = pinned_view(view)
     q4 = q[:, :, None]
     ref = TorchExecutor(dev.type).run(index, view, steady, q4, SCALE, LAYER)
     del view  # from here on the rows live in pinned memory only
@@ -231,10 +227,7 @@ def profile(batch: int, tokens: int, dev: torch.device, offload: bool, path: Pat
     view, steady, q = make_inputs(batch, tokens, dev, seed=3)
     pinned = None
     if offload:
-        pinned = PinnedKVStore()
-        rows = pinned.store(view.keys, view.values)
-        view = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets,
-                         sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+        pinned, rows, view = pinned_view(view)
     ex = WaveExecutor(dev.type)
     prep = ex.prepare(view, LAYER, WaveIndex(CFG))
     qs = q.contiguous()

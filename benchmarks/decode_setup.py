@@ -13,6 +13,8 @@ from benchmarks.common import synthetic_view
 from vecstore.config import StoreConfig
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
+from vecstore.kvstore import PinnedKVStore
+from vecstore.kvstore.base import StoredRows
 
 HQ, HKV, D, TPC = 32, 8, 128, 16
 STEADY_CAP = 4 + 64 + 1024  # sinks + window + tokens awaiting clustering
@@ -38,6 +40,16 @@ def make_inputs(batch: int, tokens: int, dev: torch.device, seed: int):
     q = view.keys[torch.arange(batch, device=dev)[:, None], kv_head[None, :], pick].float()
     q = (q + 0.3 * torch.randn(q.shape, generator=gen, device=dev)).bfloat16()
     return view, steady, q
+
+
+def pinned_view(view: IndexView) -> tuple[PinnedKVStore, StoredRows, IndexView]:
+    """``view``'s KV rows copied into pinned host memory: the store, the rows (give them
+    back with ``store.free(rows)``) and the same view over them, as the offloaded benchmarks
+    serve it."""
+    store = PinnedKVStore()
+    rows = store.store(view.keys, view.values)
+    return store, rows, IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets,
+                                  sizes=view.sizes, meta=view.meta, num_units=view.num_units)
 
 
 def full_attention(view: IndexView, steady: Steady, q: torch.Tensor) -> torch.Tensor:

@@ -38,19 +38,14 @@ def run(batch: int, tokens: int, variants: list[tuple[str, list[Setting]]], step
     from benchmarks.common import LONG_SLEEP_CYCLES
     from vecstore.executor.torch_ref import TorchExecutor
     from vecstore.executor.wave_exec import WaveExecutor
-    from vecstore.index.base import IndexView
     from vecstore.index.wave import WaveIndex
-    from vecstore.kvstore import PinnedKVStore
 
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 11 + tokens % 89)
     q4 = q[:, :, None]
     ref = TorchExecutor(dev.type).run(WaveIndex(dec.CFG), view, steady, q4, dec.SCALE,
                                       dec.LAYER)
-    pinned = PinnedKVStore()
-    rows = pinned.store(view.keys, view.values)
-    off = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets, sizes=view.sizes,
-                    meta=view.meta, num_units=view.num_units)
+    pinned, rows, off = dec.pinned_view(view)
     del view
     torch.cuda.empty_cache()
     runs = []

@@ -43,7 +43,6 @@ from benchmarks.variants import EXECUTOR, applied, parse_setting, parse_size  # 
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 from vecstore.index.base import IndexView  # noqa: E402
 from vecstore.index.wave import WaveIndex  # noqa: E402
-from vecstore.kvstore import PinnedKVStore  # noqa: E402
 
 _MARK = "spin_kernel"  # torch.cuda._sleep's kernel: it opens every profiled step
 
@@ -145,10 +144,7 @@ def resident_step(batch: int, tokens: int) -> Step:
 def offloaded_step(batch: int, tokens: int) -> Step:
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 11 + tokens % 89)
-    pinned = PinnedKVStore()
-    rows = pinned.store(view.keys, view.values)
-    off = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets, sizes=view.sizes,
-                    meta=view.meta, num_units=view.num_units)
+    _, _, off = dec.pinned_view(view)
     del view
     torch.cuda.empty_cache()
     graph, prep, qs = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), off, steady, q)
