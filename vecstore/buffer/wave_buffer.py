@@ -1,6 +1,6 @@
 """The wave buffer: a per-layer GPU block cache in front of offloaded KV, and the execution buffer.
 
-Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wave_kernels.Zones`):
+Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wave_state.Zones`):
 
 1. :meth:`WaveBuffer.lookup` reads each retrieved cluster's slot from the GPU slot table
    (hits and misses per (sequence, KV head) row, no host round trip) and lays out the
