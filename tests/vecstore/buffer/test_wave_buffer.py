@@ -67,8 +67,12 @@ def _expected_exec(zones, keys, row, cached):
     return torch.cat(parts)
 
 
+@pytest.mark.parametrize("lookup_block", [1024, 2])  # 2: the lookup loops over a row
 @interpreted
-def test_execution_buffer_cache_and_admission():
+def test_execution_buffer_cache_and_admission(monkeypatch, lookup_block):
+    from vecstore.executor import wave_cache
+
+    monkeypatch.setattr(wave_cache, "_LOOKUP_BLOCK", lookup_block)
     gen = torch.Generator().manual_seed(0)
     sizes, first, keys, values = _layout(gen)
     buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=4,
