@@ -148,6 +148,11 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def print_row(row: dict[str, Any]) -> None:
+    """Print a result row as it is measured, floats to four places."""
+    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+
+
 def write_results(out_dir: Path, name: str, meta: dict[str, Any], rows: list[dict[str, Any]],
                   columns: list[str], title: str) -> None:
     """Write ``name.json`` (meta + rows) and ``name.md`` (a table of ``columns``)."""

@@ -38,6 +38,7 @@ from benchmarks.common import (  # noqa: E402
     Timer,
     ceilings,
     machine,
+    print_row,
     write_results,
 )
 from benchmarks.decode_setup import (  # noqa: E402
@@ -306,8 +307,7 @@ def main() -> None:
             131072, 8))
         torch.cuda.empty_cache()
         rows.append(r)
-        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
-              flush=True)
+        print_row(r)
     offload = [(1048576, 1, "lru", True), (131072, 8, "lru", True)]
     if args.targets:
         offload.insert(1, (1048576, 4, "lru", True))
@@ -322,8 +322,7 @@ def main() -> None:
                       stream_baseline=stream)
         torch.cuda.empty_cache()
         rows.append(r)
-        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
-              flush=True)
+        print_row(r)
     meta = {**machine(), **{k: round(v, 1) for k, v in ceil.items()},
             "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bfloat16",
                       "tokens_per_cluster": TPC, "steady_capacity": STEADY_CAP},

@@ -1,7 +1,7 @@
 """What the decode benchmarks share: the attention shape and budgets, synthetic inputs and
 drifting queries, CUDA graph capture, and the measures of a step (relative error, exact
-attention, the bytes the method must move). Used by ``decode.py``, ``variants.py`` and
-``timeline.py``."""
+attention, the bytes the method must move). Used by ``decode.py``, ``variants.py``,
+``offloaded_variants.py`` and ``timeline.py``."""
 
 from __future__ import annotations
 

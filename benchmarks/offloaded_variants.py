@@ -2,12 +2,11 @@
 
 Like ``variants.py`` for the resident step: each variant is a name and settings
 ``module.ATTR=value`` applied while its executor prepares the view (its own wave buffer and
-block cache) and captures the step. One size per process (pinned rows stay registered until
-the process exits). Every variant's first step is checked against the torch reference on the
-same rows in device memory; then the variants replay in turn, each with queries drifting as
-in ``decode.py`` (``q_t = 0.97 q_{t-1} + noise``) and its cache warm, every step queued behind
-a device sleep (device time). Reports the median step, the miss bytes per step and
-microseconds per miss megabyte.
+block cache) and captures the step, at one size a run. Every variant's first step is checked
+against the torch reference on the same rows in device memory; then the variants replay in
+turn, each with queries drifting as in ``decode.py`` (``q_t = 0.97 q_{t-1} + noise``) and its
+cache warm, every step queued behind a device sleep (device time). Reports the median step,
+the miss bytes per step and microseconds per miss megabyte.
 
     python benchmarks/offloaded_variants.py --size 1x1048576 \\
         --variant base \\
@@ -28,7 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.variants import Setting, applied, parse_setting, parse_size  # noqa: E402
+from benchmarks.variants import (  # noqa: E402
+    Setting,
+    applied,
+    describe,
+    parse_setting,
+    parse_size,
+)
 
 
 def run(batch: int, tokens: int, variants: list[tuple[str, list[Setting]]], steps: int,
@@ -89,15 +94,14 @@ def run(batch: int, tokens: int, variants: list[tuple[str, list[Setting]]], step
         out.append({"batch": batch, "context": tokens, "variant": r["name"], "ms": ms,
                     "min_ms": min(r["ms"]), "miss_mb": miss_mb,
                     "us_per_miss_mb": ms * 1e3 / miss_mb, "err": r["err"],
-                    "settings": " ".join(f"{m.__name__}.{a}={v!r}"
-                                         for m, a, v in r["settings"])})
+                    "settings": describe(r["settings"])})
         r["buf"].close()
     pinned.free(rows)
     return out
 
 
 def main() -> None:
-    from benchmarks.common import RESULTS, machine, write_results
+    from benchmarks.common import RESULTS, machine, print_row, write_results
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,8 +122,7 @@ def main() -> None:
         parser.error(f"--warm must be at least 0 and below --steps ({args.steps})")
     rows = run(batch, tokens, variants, args.steps, args.warm)
     for r in rows:
-        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
-              flush=True)
+        print_row(r)
     write_results(args.out, "offloaded_variants", machine(), rows,
                   ["batch", "context", "variant", "ms", "min_ms", "miss_mb", "us_per_miss_mb",
                    "err", "settings"], "Offloaded wave decode step under variants")

@@ -73,6 +73,11 @@ def parse_setting(text: str) -> Setting:
     return module, attr, value
 
 
+def describe(settings: list[Setting]) -> str:
+    """``settings`` as ``module.ATTR=value`` text, as a results table names them."""
+    return " ".join(f"{m.__name__}.{a}={v!r}" for m, a, v in settings)
+
+
 @contextmanager
 def applied(settings: list[Setting]) -> Iterator[None]:
     """Apply ``settings`` for the block, then restore every attribute as it was."""
@@ -128,12 +133,12 @@ def run_size(timer, batch: int, tokens: int, variants: list[tuple[str, list[Sett
     t = timer.times(fns, reps=reps, device_only=tuple(fns))
     return [{"batch": batch, "context": tokens, "variant": name, "ms": t[name],
              "speedup": t["sdpa"] / t[name], "sdpa_ms": t["sdpa"], **checks[name],
-             "settings": " ".join(f"{m.__name__}.{a}={v!r}" for m, a, v in settings)}
+             "settings": describe(settings)}
             for name, settings in variants]
 
 
 def main() -> None:
-    from benchmarks.common import RESULTS, Timer, machine, write_results
+    from benchmarks.common import RESULTS, Timer, machine, print_row, write_results
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,8 +160,7 @@ def main() -> None:
         rows += run_size(timer, batch, tokens, variants, args.reps)
         torch.cuda.empty_cache()
         for r in rows[-len(variants):]:
-            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()},
-                  flush=True)
+            print_row(r)
     write_results(args.out, "variants", machine(), rows,
                   ["batch", "context", "variant", "ms", "speedup", "sdpa_ms", "err",
                    "same_zones", "settings"], "Wave decode step under variants")
