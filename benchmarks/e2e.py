@@ -222,6 +222,7 @@ def main() -> None:
                      "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"}
         ids = torch.randint(0, model.config.vocab_size, (batch, args.context), generator=gen,
                             device="cuda")
+        rows.append(row)
         for name in args.caches:
             gc.collect()
             torch.cuda.empty_cache()
@@ -229,7 +230,7 @@ def main() -> None:
             profile_to = (args.out / f"e2e_profile_{name}_b{batch}.txt"
                           if args.profile else None)
             length = args.context + WARMUP_STEPS + args.steps + 2 * PROFILE_STEPS
-            cache = None
+            cache, res = None, None
             try:
                 cache = make_cache(name, model, length)
                 res = run(model, cache, ids, args.steps, chunk, profile_to)
@@ -240,22 +241,21 @@ def main() -> None:
                 print(f"{name} batch {batch}: {'oom' if oom else ''} {type(exc).__name__}: "
                       f"{str(exc)[:300]}", flush=True)
                 row[f"{name}_error"] = "oom" if oom else f"{type(exc).__name__}: {str(exc)[:200]}"
-                continue
             finally:  # free the failed (or finished) variant's memory before the next one
                 if name == "wave" and cache is not None:
                     cache.close()
                 cache = None
                 gc.collect()
                 torch.cuda.empty_cache()
-            row.update({f"{name}_{k}": v for k, v in res.items()})
-            print(name, batch, res, flush=True)
-        best = max((row[f"{b}_tokens_per_s"] for b in BASELINES if f"{b}_tokens_per_s" in row),
-                   default=None)
-        if best is not None and "wave_tokens_per_s" in row:
-            row["speedup"] = row["wave_tokens_per_s"] / best
-        rows.append(row)
+            if res is not None:
+                row.update({f"{name}_{k}": v for k, v in res.items()})
+                print(name, batch, res, flush=True)
+            best = max((row[f"{b}_tokens_per_s"] for b in BASELINES
+                        if f"{b}_tokens_per_s" in row), default=None)
+            if best is not None and "wave_tokens_per_s" in row:
+                row["speedup"] = row["wave_tokens_per_s"] / best
+            save(args, rows)  # after every cache: a run stopped early keeps what it measured
         del ids
-        save(args, rows)  # after every batch: a run stopped early keeps what it measured
     print("\n" + (args.out / "e2e.md").read_text(), flush=True)
 
 
