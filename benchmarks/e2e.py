@@ -179,19 +179,50 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def largest(rows: list[dict]) -> dict:
+    """Per cache, the largest batch it ran and its tokens/s, and the smallest batch that ran
+    out of memory (``None`` if none did), over every row measured; with the wave cache and a
+    baseline, ``speedup`` divides the wave cache's tokens/s at its largest batch by the best
+    baseline's at its own largest (the target's "largest batch each fits")."""
+    out: dict = {}
+    for name in CACHES:
+        ran = [r for r in rows if f"{name}_tokens_per_s" in r]
+        if not ran:
+            continue
+        top = max(ran, key=lambda r: r["batch"])
+        oom = [r["batch"] for r in rows if r.get(f"{name}_error") == "oom"]
+        out[name] = {"batch": top["batch"], "tokens_per_s": top[f"{name}_tokens_per_s"],
+                     "oom_at": min(oom, default=None)}
+    base = [out[b]["tokens_per_s"] for b in BASELINES if b in out]
+    if "wave" in out and base:
+        out["speedup"] = out["wave"]["tokens_per_s"] / max(base)
+    return out
+
+
+NAMES = {"sdpa": "DynamicCache + SDPA", "static": "StaticCache + SDPA",
+         "wave": "vecstore wave cache"}
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Decode tokens/s of every cache per batch (rows where the wave cache and a baseline
-    ran; a cache that did not run at a batch shows no bar there)."""
+    ran; a cache that did not run at a batch shows no bar there), then each cache at the
+    largest batch it ran."""
     done = [r for r in rows if "speedup" in r]
-    if not done:
+    top = largest(rows)
+    if not done and "speedup" not in top:
         return
-    names = {"sdpa": "DynamicCache + SDPA", "static": "StaticCache + SDPA",
-             "wave": "vecstore wave cache"}
-    plot_pairs(path, [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in done],
-               {label: [r.get(f"{name}_tokens_per_s", 0.0) for r in done]
-                for name, label in names.items() if any(f"{name}_tokens_per_s" in r
-                                                        for r in done)},
-               "decode tokens/s", f"end to end, {done[0]['context'] // 1024}K context")
+    labels = [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in done]
+    series = {label: [r.get(f"{name}_tokens_per_s", 0.0) for r in done]
+              for name, label in NAMES.items() if name in top}
+    if "speedup" in top:
+        labels.append("largest batch each\n" + ", ".join(
+            f"{name} {top[name]['batch']}" for name in NAMES if name in top)
+            + f"\n{top['speedup']:.2f}x")
+        for name, label in NAMES.items():
+            if name in top:
+                series[label].append(top[name]["tokens_per_s"])
+    plot_pairs(path, labels, series, "decode tokens/s",
+               f"end to end, {rows[0]['context'] // 1024}K context")
 
 
 def main() -> None:
@@ -266,9 +297,24 @@ def save(args: argparse.Namespace, rows: list[dict]) -> None:
     meta = {**machine(), "transformers": transformers.__version__,
             "model": "Llama-3-8B shape, random weights, bf16", "steps": args.steps,
             "warmup_steps": WARMUP_STEPS, "layers": args.layers,
-            "prefill_chunk": args.prefill_chunk}
-    write_results(args.out, "e2e", meta, rows, COLUMNS, "End-to-end decode tokens/s")
-    plot(rows, args.out / "e2e.png")
+            "prefill_chunk": args.prefill_chunk, "largest": largest(rows)}
+    write(args.out, meta, rows)
+
+
+def write(out: Path, meta: dict, rows: list[dict]) -> None:
+    """``e2e.json`` (``meta`` + ``rows``), ``e2e.md`` (their table, then the largest batch
+    each cache ran) and ``e2e.png`` under ``out``."""
+    write_results(out, "e2e", meta, rows, COLUMNS, "End-to-end decode tokens/s")
+    top = meta["largest"]
+    if top:
+        md = out / "e2e.md"
+        md.write_text(md.read_text() + "\nLargest batch each cache ran: " + ", ".join(
+            f"{name} {top[name]['batch']} ({top[name]['tokens_per_s']:.1f} tokens/s"
+            + (f", out of memory at {top[name]['oom_at']})" if top[name]["oom_at"] else ")")
+            for name in CACHES if name in top)
+            + (f"; wave / best baseline {top['speedup']:.2f}x" if "speedup" in top else "")
+            + ".\n")
+    plot(rows, out / "e2e.png")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,27 @@
+"""benchmarks/e2e.py's summary of the largest batch each cache ran."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.e2e import largest
+
+
+def test_largest_batch_each_and_the_ratio_between_them():
+    rows = [
+        {"batch": 24, "sdpa_tokens_per_s": 337.0, "wave_tokens_per_s": 2598.0},
+        {"batch": 32, "sdpa_tokens_per_s": 343.0, "wave_error": "oom"},
+        {"batch": 36, "wave_tokens_per_s": 3702.0, "sdpa_error": "oom"},
+        {"batch": 8, "static_tokens_per_s": 81.0, "sdpa_tokens_per_s": 112.0},
+        {"batch": 40, "wave_error": "RuntimeError: boom"},
+    ]
+    top = largest(rows)
+    assert top["sdpa"] == {"batch": 32, "tokens_per_s": 343.0, "oom_at": 36}
+    assert top["wave"] == {"batch": 36, "tokens_per_s": 3702.0, "oom_at": 32}
+    assert top["static"] == {"batch": 8, "tokens_per_s": 81.0, "oom_at": None}
+    assert top["speedup"] == pytest.approx(3702.0 / 343.0)
+
+
+def test_no_ratio_without_both_sides():
+    assert "speedup" not in largest([{"batch": 4, "wave_tokens_per_s": 10.0}])
+    assert largest([{"batch": 4, "sdpa_error": "oom"}]) == {}
