@@ -21,7 +21,14 @@ A variant that runs out of GPU memory is recorded as ``oom`` and the run goes on
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor on the GPU.
 
 ``speedup`` divides the wave cache's tokens/s by the faster of the two transformers
-caches measured at that batch. ``--profile`` also writes, per cache and batch,
+caches measured at that batch; the run also records the largest batch each cache ran and
+the ratio between them (:func:`largest`). Bytes: ``<cache>_kv_read_gb`` is the KV the
+attention reads per decode step over all layers — the whole cache for the transformers
+caches (``StaticCache`` its preallocated length), the rows read exactly
+(``exact_fraction``) for the wave cache, whose centroids and value sums come on top (their
+bytes are counted per layer by ``benchmarks/decode.py``) — and ``<cache>_kv_read_gbs`` that
+over the step time, against the HBM copy bandwidth measured at the start of the same run
+(``hbm_copy_gbs`` in the JSON's meta). ``--profile`` also writes, per cache and batch,
 ``e2e_profile_<cache>_b<batch>.txt``: the busiest CUDA kernels and host calls of a few
 decode steps (``torch.profiler``) and the Python functions they spent the host's time in
 (``cProfile``).
@@ -54,7 +61,14 @@ from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, machine, plot_pairs, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    Timer,
+    ceilings,
+    machine,
+    plot_pairs,
+    write_results,
+)
 from integrations.hf.cache import cache_kwarg  # noqa: E402
 
 
@@ -150,16 +164,27 @@ def run(model, cache, ids: torch.Tensor, steps: int, chunk: int,
         profile_steps(step, nxt, profile_to)
     return {"prefill_s": prefill_s, "decode_s": decode,
             "tokens_per_s": ids.shape[0] * steps / decode,
+            "step_ms": decode / steps * 1e3,
             "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9}
 
 
 CACHES = ("sdpa", "static", "wave")
 BASELINES = ("sdpa", "static")
 COLUMNS = ["batch", "context", "layers", "prefill_chunk", "alloc_conf", "sdpa_tokens_per_s",
-           "static_tokens_per_s", "wave_tokens_per_s", "speedup", "sdpa_prefill_s",
-           "static_prefill_s", "wave_prefill_s", "sdpa_peak_gpu_gb", "static_peak_gpu_gb",
-           "wave_peak_gpu_gb", "wave_exact_fraction", "sdpa_error", "static_error",
-           "wave_error"]
+           "static_tokens_per_s", "wave_tokens_per_s", "speedup", "sdpa_step_ms",
+           "static_step_ms", "wave_step_ms", "sdpa_kv_read_gbs", "static_kv_read_gbs",
+           "wave_kv_read_gbs", "sdpa_prefill_s", "static_prefill_s", "wave_prefill_s",
+           "sdpa_peak_gpu_gb", "static_peak_gpu_gb", "wave_peak_gpu_gb", "wave_exact_fraction",
+           "sdpa_error", "static_error", "wave_error"]
+
+
+def kv_read_gb(config, name: str, batch: int, tokens: int, res: dict) -> float:
+    """KV bytes (GB) the attention of ``name`` reads per decode step over all layers, for
+    ``batch`` rows of ``tokens`` tokens (``StaticCache``: ``tokens`` is its preallocated
+    length; the wave cache: only the rows it reads exactly, ``res["exact_fraction"]``)."""
+    per_token = 2 * config.num_key_value_heads * config.head_dim * 2  # K and V, bf16
+    full = config.num_hidden_layers * batch * tokens * per_token / 1e9
+    return full * res["exact_fraction"] if name == "wave" else full
 
 
 def make_cache(name: str, model, batch_len: int):
@@ -243,6 +268,9 @@ def main() -> None:
     args = parser.parse_args()
     if any(not 1 <= b <= MAX_BATCH for b in args.batches):
         parser.error(f"--batches: each must be between 1 and {MAX_BATCH}")
+    dev = torch.device("cuda")
+    ceil = ceilings(dev, Timer(dev))  # before the model: the timer's buffers are freed after
+    print("ceilings", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
     model = build_model(args.layers)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -267,6 +295,10 @@ def main() -> None:
                 res = run(model, cache, ids, args.steps, chunk, profile_to)
                 if name == "wave":
                     res["exact_fraction"] = cache.decode_stats.exact_fraction
+                tokens = length if name == "static" else (args.context + WARMUP_STEPS
+                                                          + args.steps // 2)
+                res["kv_read_gb"] = kv_read_gb(model.config, name, batch, tokens, res)
+                res["kv_read_gbs"] = res["kv_read_gb"] / res["step_ms"] * 1e3
             except Exception as exc:  # report and carry on with the other variants
                 oom = _is_oom(exc)
                 print(f"{name} batch {batch}: {'oom' if oom else ''} {type(exc).__name__}: "
@@ -285,16 +317,16 @@ def main() -> None:
                         if f"{b}_tokens_per_s" in row), default=None)
             if best is not None and "wave_tokens_per_s" in row:
                 row["speedup"] = row["wave_tokens_per_s"] / best
-            save(args, rows)  # after every cache: a run stopped early keeps what it measured
+            save(args, rows, ceil)  # after every cache: a run stopped early keeps what it measured
         del ids
     print("\n" + (args.out / "e2e.md").read_text(), flush=True)
 
 
-def save(args: argparse.Namespace, rows: list[dict]) -> None:
+def save(args: argparse.Namespace, rows: list[dict], ceil: dict[str, float]) -> None:
     """Write ``e2e.{json,md,png}`` of the batches measured so far."""
     import transformers
 
-    meta = {**machine(), "transformers": transformers.__version__,
+    meta = {**machine(), **ceil, "transformers": transformers.__version__,
             "model": "Llama-3-8B shape, random weights, bf16", "steps": args.steps,
             "warmup_steps": WARMUP_STEPS, "layers": args.layers,
             "prefill_chunk": args.prefill_chunk, "largest": largest(rows)}
