@@ -15,9 +15,10 @@ warm, as ``decode.py`` does.
 ``--set`` applies module-level launch constants for the whole run, as a variant of
 ``variants.py`` does.
 
-Give offloaded sizes one process each: their pinned rows stay registered until it exits (a
-second offloaded size in the same process failed with ``cudaErrorAlreadyMapped``). Under the
-profiler the offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps
+Each offloaded size frees its wave buffer and pinned rows once profiled, so several run in
+one process (before the pinned tier kept its mappings until freed, rows dropped unfreed
+left registrations behind and a second size failed with ``cudaErrorAlreadyMapped``). Under
+the profiler the offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps
 without it (synchronised or back to back) and ``decode.py`` did not show; 1 x 1M profiles
 cleanly.
 """
@@ -85,13 +86,14 @@ def summarize(step: list[dict]) -> dict:
     return {"span_us": span, "busy_us": busy, "idle_us": idle, "kernels": len(step)}
 
 
-Step = tuple[Callable[[], None], Callable[[], None]]  # what runs before the step, the step
+# what runs before the step, the step, and what frees its resources once profiled
+Step = tuple[Callable[[], None], Callable[[], None], Callable[[], None]]
 
 
 def profiled(make: Step, reps: int) -> list[list[dict]]:
     from torch.profiler import ProfilerActivity, profile
 
-    before, step = make
+    before, step, _ = make
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     for _ in range(3):
         before()
@@ -138,13 +140,13 @@ def resident_step(batch: int, tokens: int) -> Step:
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
     graph, _, _ = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), view, steady, q)
-    return (lambda: None), graph.replay
+    return (lambda: None), graph.replay, (lambda: None)
 
 
 def offloaded_step(batch: int, tokens: int) -> Step:
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 11 + tokens % 89)
-    _, _, off = dec.pinned_view(view)
+    pinned, rows, off = dec.pinned_view(view)
     del view
     torch.cuda.empty_cache()
     graph, prep, qs = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), off, steady, q)
@@ -160,10 +162,15 @@ def offloaded_step(batch: int, tokens: int) -> Step:
         graph.replay()
         buf.finish_step()
 
+    def done() -> None:
+        torch.cuda.synchronize()
+        buf.close()
+        pinned.free(rows)
+
     for _ in range(16):  # the cache reaches its steady state
         before()
         step()
-    return before, step
+    return before, step, done
 
 
 def report(label: str, step: list[dict]) -> str:
@@ -202,7 +209,10 @@ def write_timelines(args: argparse.Namespace) -> None:
                               ("offloaded", args.offloaded, offloaded_step)):
         for size in sizes:
             batch, tokens = parse_size(size)
-            step = median_step(profiled(make(batch, tokens), args.reps))
+            made = make(batch, tokens)
+            step = median_step(profiled(made, args.reps))
+            made[2]()
+            del made
             text.append(report(f"{mode} {batch} x {tokens}", step))
             rows.append({"mode": mode, "batch": batch, "context": tokens,
                          **summarize(step), "timeline": step})
