@@ -16,9 +16,8 @@ warm, as ``decode.py`` does.
 ``variants.py`` does.
 
 Each offloaded size frees its wave buffer and pinned rows once profiled, so several run in
-one process (before the pinned tier kept its mappings until freed, rows dropped unfreed
-left registrations behind and a second size failed with ``cudaErrorAlreadyMapped``). Under
-the profiler the offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps
+one process (rows dropped unfreed stay registered with CUDA after their memory is unmapped,
+and a second size then failed with ``cudaErrorAlreadyMapped``). Under the profiler the offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps
 without it (synchronised or back to back) and ``decode.py`` did not show; 1 x 1M profiles
 cleanly.
 """

@@ -2,11 +2,6 @@
 
 Page-locked memory is mapped into the GPU's address space (unified addressing), so copy
 kernels read a step's missed clusters from it directly, without a staging copy.
-
-Memory the tier registered stays mapped until :meth:`PinnedKVStore.free` unregisters it:
-rows dropped without ``free`` (or whose store was dropped) stay mapped and page-locked for
-the life of the process, never unmapped while registered, so a later registration cannot
-meet an address CUDA still holds (``cudaErrorAlreadyMapped``).
 """
 
 from __future__ import annotations
@@ -24,15 +19,6 @@ __all__ = ["PinnedKVStore"]
 def _page_aligned(num_bytes: int) -> torch.Tensor:
     """``num_bytes`` of anonymous, page-aligned memory that no other allocation shares."""
     return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.uint8)
-
-
-# every registered address -> the tensor over its memory, which keeps it mapped until freed
-_REGISTERED: dict[int, torch.Tensor] = {}
-
-
-def registered_bytes() -> int:
-    """Bytes the pinned tiers of this process registered with CUDA and did not free yet."""
-    return sum(x.numel() * x.element_size() for x in list(_REGISTERED.values()))
 
 
 @KVSTORES.register("pinned")
@@ -85,10 +71,12 @@ class PinnedKVStore:
                     torch.cuda.cudart().cudaGetLastError()  # not left for torch to report
                     raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {size} "
                                         f"bytes (cudaHostRegister error {err})")
-                _REGISTERED[host.data_ptr()] = host
                 out.append(host)
         except BaseException:
-            self._unregister(out)
+            if self.is_pinned:
+                for x in out:
+                    if x.numel():
+                        torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
             self._account.release(num_bytes)
             raise
         return StoredRows(out[0], out[1], num_bytes)
@@ -100,11 +88,8 @@ class PinnedKVStore:
         return rows
 
     def free(self, rows: StoredRows) -> None:
-        self._unregister([rows.keys, rows.values])
+        if self.is_pinned:
+            for x in (rows.keys, rows.values):
+                if x.numel():
+                    torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
         self._account.release(rows.num_bytes)
-
-    @staticmethod
-    def _unregister(tensors: list[torch.Tensor]) -> None:
-        for x in tensors:
-            if _REGISTERED.pop(x.data_ptr(), None) is not None:
-                torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
