@@ -114,3 +114,21 @@ def check_name(name: object) -> None:
         raise InvalidValueError(
             f"name: expected 1-128 characters of letters, digits, '.', '_', '-' starting "
             f"with a letter or digit, got {name!r}")
+
+
+def check_new_sequence(name: object, shape: dict[str, object], fingerprint: object,
+                       dtype: torch.dtype | str) -> torch.dtype:
+    """Check the arguments of a new sequence (its name, each positive int of ``shape``,
+    the fingerprint, str or ``None``) and return its dtype parsed.
+
+    Raises
+    ------
+    InvalidValueError
+        Naming the first bad argument and its value.
+    """
+    check_name(name)
+    for arg, value in shape.items():
+        check_positive_int(value, arg)
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise InvalidValueError(f"fingerprint: expected a str or None, got {fingerprint!r}")
+    return parse_dtype(dtype)

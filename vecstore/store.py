@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from typing import Any
 
 import torch
 
-from vecstore.checks import check_name, check_positive_int, parse_dtype
+from vecstore.checks import check_new_sequence
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
@@ -33,8 +32,6 @@ from vecstore.types import QueryResult
 from vecstore.writer import Writer
 
 __all__ = ["Store"]
-
-log = logging.getLogger(__name__)
 
 
 class Store:
@@ -225,13 +222,9 @@ class Store:
             Identifies the model that produced the KV; integrations check it on reuse.
         """
         self.check_open()
-        check_name(name)
-        for arg, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
-                           ("head_dim", head_dim)):
-            check_positive_int(value, arg)
-        if fingerprint is not None and not isinstance(fingerprint, str):
-            raise InvalidValueError(f"fingerprint: expected a str or None, got {fingerprint!r}")
-        torch_dtype = parse_dtype(dtype)
+        torch_dtype = check_new_sequence(
+            name, {"num_layers": num_layers, "num_kv_heads": num_kv_heads,
+                   "head_dim": head_dim}, fingerprint, dtype)
         dev = torch.device(device if device is not None else self.config.executor.device)
         with self.transaction():
             if name in self._seqs:
