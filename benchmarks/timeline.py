@@ -13,13 +13,17 @@ warm, as ``decode.py`` does.
         --set vecstore.executor.wave_streams._PIPELINE_GROUPS=2 --out DIR
 
 ``--set`` applies module-level launch constants for the whole run, as a variant of
-``variants.py`` does.
+``variants.py`` does. ``--captures N`` captures each resident size's step ``N`` times, each
+with its own executor (a pipelined step's replay time differs between captures), times
+every capture's replay and writes the timelines of the slowest and the fastest:
+
+    python benchmarks/timeline.py --sizes 8x1048576 --captures 8 --out DIR
 
 Each offloaded size frees its wave buffer and pinned rows once profiled, so several run in
 one process (rows dropped unfreed stay registered with CUDA after their memory is unmapped,
-and a second size then failed with ``cudaErrorAlreadyMapped``). Under the profiler the offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps
-without it (synchronised or back to back) and ``decode.py`` did not show; 1 x 1M profiles
-cleanly.
+and a second size then failed with ``cudaErrorAlreadyMapped``). Under the profiler the
+offloaded step at 4 x 1M once ended in an illegal memory access that 40 steps without it
+(synchronised or back to back) and ``decode.py`` did not show; 1 x 1M profiles cleanly.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import decode_setup as dec  # noqa: E402
-from benchmarks.common import LONG_SLEEP_CYCLES, RESULTS  # noqa: E402
+from benchmarks.common import LONG_SLEEP_CYCLES, RESULTS, Timer  # noqa: E402
 from benchmarks.variants import EXECUTOR, applied, parse_setting, parse_size  # noqa: E402
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 from vecstore.index.base import IndexView  # noqa: E402
@@ -138,8 +142,28 @@ def checked_graph(ex: WaveExecutor, view: IndexView, steady, q: torch.Tensor):
 def resident_step(batch: int, tokens: int) -> Step:
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
-    graph, _, _ = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), view, steady, q)
-    return (lambda: None), graph.replay, (lambda: None)
+    ex = WaveExecutor(dev.type, **EXECUTOR.kwargs())
+    graph, prep, qs = checked_graph(ex, view, steady, q)
+    # what the graph reads lives as long as the step: the last callable holds it
+    return (lambda: None), graph.replay, (lambda keep=(ex, prep, qs, view, steady): None)
+
+
+def capture_times(batch: int, tokens: int, n: int, reps: int,
+                  ) -> list[tuple[float, Step, object]]:
+    """``n`` captures of the resident step of one size, each by an executor of its own:
+    ``(median device ms of its replay, its Step, what its graph reads)`` for each."""
+    dev = torch.device("cuda")
+    view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
+    timer = Timer(dev)
+    out = []
+    for _ in range(n):
+        ex = WaveExecutor(dev.type, **EXECUTOR.kwargs())
+        graph, prep, qs = checked_graph(ex, view, steady, q)
+        ms = timer.times({"step": graph.replay}, reps, device_only=("step",))["step"]
+        # the executor and its prepared view stay alive: the graph reads their tensors
+        out.append((ms, ((lambda: None), graph.replay, (lambda: None)),
+                    (ex, prep, qs, view, steady)))
+    return out
 
 
 def offloaded_step(batch: int, tokens: int) -> Step:
@@ -188,6 +212,9 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", default=["8x131072", "4x1048576"])
     parser.add_argument("--offloaded", nargs="*", default=[])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--captures", type=int, default=1,
+                        help="captures of each resident size; the slowest and fastest are "
+                             "profiled")
     parser.add_argument("--set", nargs="*", default=[], metavar="MODULE.ATTR=VALUE",
                         help="launch constants to apply, as in variants.py")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -204,7 +231,25 @@ def main() -> None:
 def write_timelines(args: argparse.Namespace) -> None:
     """Profile every size of ``args`` and write ``timeline.{txt,json}`` under ``args.out``."""
     text, rows = [], []
-    for mode, sizes, make in (("gpu", args.sizes, resident_step),
+    for size in args.sizes if args.captures > 1 else []:
+        batch, tokens = parse_size(size)
+        caps = capture_times(batch, tokens, args.captures, reps=15)
+        times = [ms for ms, _, _ in caps]
+        print(f"gpu {batch} x {tokens}: captures " + ", ".join(f"{t:.3f}" for t in times)
+              + " ms", flush=True)
+        for which, i in (("slowest", times.index(max(times))),
+                         ("fastest", times.index(min(times)))):
+            step = median_step(profiled(caps[i][1], args.reps))
+            text.append(report(f"gpu {batch} x {tokens}, {which} of {len(times)} captures "
+                               f"({times[i]:.3f} ms; all: "
+                               + ", ".join(f"{t:.3f}" for t in times) + ")", step))
+            rows.append({"mode": "gpu", "batch": batch, "context": tokens, "capture": which,
+                         "capture_ms": times, **summarize(step), "timeline": step})
+            print(text[-1], flush=True)
+        del caps
+        gc.collect()
+        torch.cuda.empty_cache()
+    for mode, sizes, make in (("gpu", args.sizes if args.captures <= 1 else [], resident_step),
                               ("offloaded", args.offloaded, offloaded_step)):
         for size in sizes:
             batch, tokens = parse_size(size)
