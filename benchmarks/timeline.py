@@ -172,7 +172,8 @@ def offloaded_step(batch: int, tokens: int) -> Step:
     pinned, rows, off = dec.pinned_view(view)
     del view
     torch.cuda.empty_cache()
-    graph, prep, qs = checked_graph(WaveExecutor(dev.type, **EXECUTOR.kwargs()), off, steady, q)
+    ex = WaveExecutor(dev.type, **EXECUTOR.kwargs())
+    graph, prep, qs = checked_graph(ex, off, steady, q)
     buf = prep.buffer
     assert buf is not None
     gen = torch.Generator(device=dev).manual_seed(5)
@@ -185,7 +186,7 @@ def offloaded_step(batch: int, tokens: int) -> Step:
         graph.replay()
         buf.finish_step()
 
-    def done() -> None:
+    def done(keep=(ex, prep, steady)) -> None:  # what the graph reads lives until here
         torch.cuda.synchronize()
         buf.close()
         pinned.free(rows)
