@@ -352,3 +352,37 @@ def test_combine_merges_partial_states_by_log_sum_exp(monkeypatch, dims, block):
     assert torch.allclose(out, ref, atol=1e-6)
     assert torch.allclose(lse[1:].double(), ref_lse[1:], atol=1e-5)
     assert lse[0] == float("-inf") and not out[0].any()
+
+
+@interpreted
+def test_a_batch_of_64_sequences_of_different_lengths_in_the_same_launches(monkeypatch):
+    # batch 64 (the most the integrations take), every row its own length and steady zone:
+    # equal to the reference row by row, in as many kernel launches as a batch of 2
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches = []
+    run = InterpretedFunction.run
+    monkeypatch.setattr(InterpretedFunction, "run",
+                        lambda self, *a, **k: (launches.append(self), run(self, *a, **k))[1])
+    gen = torch.Generator().manual_seed(11)
+    index, layer = WaveIndex(CFG), CFG.for_layer(0)
+    counts = []
+    for B in (2, 64):
+        views = []
+        for n in torch.randint(40, 400, (B,), generator=gen).tolist():
+            k, v = torch.randn(2, 1, n, D, generator=gen)  # one KV head: 64 rows
+            views.append(IndexView.from_segments(index.build(k, v, 4)))
+        S = 70
+        steady = Steady(torch.randn(B, 1, S, D, generator=gen),
+                        torch.randn(B, 1, S, D, generator=gen),
+                        torch.randint(1, S + 1, (B,), generator=gen))
+        q = torch.randn(B, G, 1, D, generator=gen)
+        view = IndexView.stack(views)
+        ref = TorchExecutor().run(index, view, steady, q, D ** -0.5, layer)
+        ex = WaveExecutor(backend="triton", score_dtype=torch.float32, use_graphs=False)
+        ex.prepare(view, layer, index)
+        launches.clear()
+        out, lse, _ = ex.run(index, view, steady, q, D ** -0.5, layer)
+        counts.append(len(launches))
+        assert rel_err(out, ref[0]) < 1e-5 and rel_err(lse, ref[1]) < 1e-5
+    assert counts[0] == counts[1] > 0
