@@ -228,12 +228,11 @@ NAMES = {"sdpa": "DynamicCache + SDPA", "static": "StaticCache + SDPA",
          "wave": "vecstore wave cache"}
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], top: dict, path: Path) -> None:
     """Decode tokens/s of every cache per batch (rows where the wave cache and a baseline
     ran; a cache that did not run at a batch shows no bar there), then each cache at the
-    largest batch it ran."""
+    largest batch it ran (``top``, from :func:`largest`)."""
     done = [r for r in rows if "speedup" in r]
-    top = largest(rows)
     if not done and "speedup" not in top:
         return
     labels = [f"batch {r['batch']}\n{r['speedup']:.2f}x" for r in done]
@@ -346,7 +345,7 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
             for name in CACHES if name in top)
             + (f"; wave / best baseline {top['speedup']:.2f}x" if "speedup" in top else "")
             + ".\n")
-    plot(rows, out / "e2e.png")
+    plot(rows, top, out / "e2e.png")
 
 
 if __name__ == "__main__":

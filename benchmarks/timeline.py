@@ -140,29 +140,29 @@ def checked_graph(ex: WaveExecutor, view: IndexView, steady, q: torch.Tensor):
 
 
 def resident_step(batch: int, tokens: int) -> Step:
-    dev = torch.device("cuda")
-    view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
-    ex = WaveExecutor(dev.type, **EXECUTOR.kwargs())
+    view, steady, q = dec.make_inputs(batch, tokens, torch.device("cuda"),
+                                      seed=batch * 7 + tokens % 97)
+    return captured(view, steady, q)
+
+
+def captured(view: IndexView, steady, q: torch.Tensor) -> Step:
+    """The resident step over these inputs, captured by an executor of its own."""
+    ex = WaveExecutor("cuda", **EXECUTOR.kwargs())
     graph, prep, qs = checked_graph(ex, view, steady, q)
     # what the graph reads lives as long as the step: the last callable holds it
     return (lambda: None), graph.replay, (lambda keep=(ex, prep, qs, view, steady): None)
 
 
-def capture_times(batch: int, tokens: int, n: int, reps: int,
-                  ) -> list[tuple[float, Step, object]]:
-    """``n`` captures of the resident step of one size, each by an executor of its own:
-    ``(median device ms of its replay, its Step, what its graph reads)`` for each."""
+def capture_times(batch: int, tokens: int, n: int, reps: int) -> list[tuple[float, Step]]:
+    """``n`` captures of the resident step of one size over the same inputs, each by an
+    executor of its own: ``(median device ms of its replay, its Step)`` for each."""
     dev = torch.device("cuda")
     view, steady, q = dec.make_inputs(batch, tokens, dev, seed=batch * 7 + tokens % 97)
     timer = Timer(dev)
     out = []
     for _ in range(n):
-        ex = WaveExecutor(dev.type, **EXECUTOR.kwargs())
-        graph, prep, qs = checked_graph(ex, view, steady, q)
-        ms = timer.times({"step": graph.replay}, reps, device_only=("step",))["step"]
-        # the executor and its prepared view stay alive: the graph reads their tensors
-        out.append((ms, ((lambda: None), graph.replay, (lambda: None)),
-                    (ex, prep, qs, view, steady)))
+        step = captured(view, steady, q)
+        out.append((timer.times({"step": step[1]}, reps, device_only=("step",))["step"], step))
     return out
 
 
@@ -235,15 +235,14 @@ def write_timelines(args: argparse.Namespace) -> None:
     for size in args.sizes if args.captures > 1 else []:
         batch, tokens = parse_size(size)
         caps = capture_times(batch, tokens, args.captures, reps=15)
-        times = [ms for ms, _, _ in caps]
-        print(f"gpu {batch} x {tokens}: captures " + ", ".join(f"{t:.3f}" for t in times)
-              + " ms", flush=True)
+        times = [ms for ms, _ in caps]
+        listed = ", ".join(f"{t:.3f}" for t in times)
+        print(f"gpu {batch} x {tokens}: captures {listed} ms", flush=True)
         for which, i in (("slowest", times.index(max(times))),
                          ("fastest", times.index(min(times)))):
             step = median_step(profiled(caps[i][1], args.reps))
             text.append(report(f"gpu {batch} x {tokens}, {which} of {len(times)} captures "
-                               f"({times[i]:.3f} ms; all: "
-                               + ", ".join(f"{t:.3f}" for t in times) + ")", step))
+                               f"({times[i]:.3f} ms; all: {listed})", step))
             rows.append({"mode": "gpu", "batch": batch, "context": tokens, "capture": which,
                          "capture_ms": times, **summarize(step), "timeline": step})
             print(text[-1], flush=True)
