@@ -179,7 +179,9 @@ class ExecutorConfig:
     Attributes
     ----------
     kind : str
-        ``torch`` (the reference, CPU and CUDA) or a faster registered executor.
+        ``auto`` (default): the fused ``wave`` executor when ``device`` is CUDA and Triton
+        is installed, the ``torch`` reference otherwise. ``torch`` (the reference, CPU and
+        CUDA), ``wave``, or another registered executor: an explicit choice is kept.
     device : str
         Device the executor computes on: ``cpu``, ``cuda`` or ``cuda:N``.
     buffer_factor : float
@@ -188,7 +190,7 @@ class ExecutorConfig:
         every step fits.
     """
 
-    kind: str = "torch"
+    kind: str = "auto"
     device: str = "cpu"
     buffer_factor: float = 4.0
 

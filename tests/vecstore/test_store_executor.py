@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vecstore import Store
+from vecstore import Store, StoreConfig
 from vecstore.errors import ConfigError
+from vecstore.executor import base as executor_base
+from vecstore.executor.base import build_executor
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_exec import WaveExecutor
 
@@ -28,3 +30,22 @@ def test_unknown_cache_policy_fails_at_open(kind):
     config = {"executor": {"kind": kind}, "cache": {"policy": "lruu"}}
     with pytest.raises(ConfigError, match=r"cache policy.*'lruu'.*lru"):
         Store.open(config=config)
+
+
+@pytest.mark.parametrize(("device", "triton", "expected"), [
+    ("cpu", True, TorchExecutor), ("cuda", True, WaveExecutor), ("cuda:1", True, WaveExecutor),
+    ("cuda", False, TorchExecutor), ("cpu", False, TorchExecutor)])
+def test_auto_executor_follows_device_and_triton(monkeypatch, device, triton, expected):
+    monkeypatch.setattr(executor_base, "has_triton", lambda: triton)
+    config = StoreConfig.from_dict({"executor": {"device": device}})
+    assert config.executor.kind == "auto"  # the default
+    ex = build_executor(config)
+    assert type(ex) is expected and ex.device == device
+
+
+@pytest.mark.parametrize("kind", ["torch", "wave"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_explicit_executor_kind_is_kept(monkeypatch, kind, device):
+    monkeypatch.setattr(executor_base, "has_triton", lambda: device == "cuda")
+    ex = build_executor(StoreConfig.from_dict({"executor": {"kind": kind, "device": device}}))
+    assert type(ex) is {"torch": TorchExecutor, "wave": WaveExecutor}[kind]

@@ -10,10 +10,11 @@ import torch
 from vecstore.cache.base import POLICIES
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
+from vecstore.kernels._backend import has_triton
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 
-__all__ = ["Steady", "Executor", "EXECUTORS", "build_executor"]
+__all__ = ["Steady", "Executor", "EXECUTORS", "build_executor", "resolve_kind"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,24 @@ class Executor(Protocol):
 EXECUTORS: Registry[type] = Registry("executor")
 
 
+def resolve_kind(kind: str, device: str) -> str:
+    """The executor kind that ``kind`` names on ``device``: ``"auto"`` is ``"wave"`` on a
+    CUDA device where Triton is installed and ``"torch"`` elsewhere; any other kind is
+    kept as given.
+
+    Examples
+    --------
+    >>> resolve_kind("auto", "cpu"), resolve_kind("wave", "cpu")
+    ('torch', 'wave')
+    """
+    if kind != "auto":
+        return kind
+    return "wave" if device.startswith("cuda") and has_triton() else "torch"
+
+
 def build_executor(config: StoreConfig) -> Executor:
-    """The executor a store of ``config`` queries with: ``executor.kind`` on
-    ``executor.device``. A registered class with a ``from_config(config)`` classmethod builds
+    """The executor a store of ``config`` queries with: ``executor.kind`` (resolved by
+    :func:`resolve_kind`) on ``executor.device``. A registered class with a ``from_config(config)`` classmethod builds
     itself from the whole configuration (the wave executor takes its block cache's policy and
     size from ``cache``).
 
@@ -87,7 +103,7 @@ def build_executor(config: StoreConfig) -> Executor:
     ('TorchExecutor', 'cpu')
     """
     POLICIES.get(config.cache.policy)  # a misspelt policy fails at open, whatever the kind
-    cls = EXECUTORS.get(config.executor.kind)
+    cls = EXECUTORS.get(resolve_kind(config.executor.kind, config.executor.device))
     from_config = getattr(cls, "from_config", None)
     if from_config is not None:
         return from_config(config)
