@@ -143,25 +143,26 @@ def _release(charges: list[tuple[MemoryAccount, int]]) -> None:
 def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     """The steady zones of ``layer`` of ``seqs``, zero-padded to ``[B, Hkv, S, D]``.
 
-    Never waits for the device: rows of one length (a single row, or a batch without
-    padding) are stacked without padding and their lengths filled on the device; only
-    rows of different lengths copy their lengths from (pinned) host memory, asynchronously.
+    Never waits for the device: a batch whose rows share a :class:`~vecstore.tail.TailBuffer`
+    reads it as it is (``S`` is its capacity, the lengths say how much is filled); other
+    rows of one length are stacked without padding and their lengths filled on the device;
+    only rows of different lengths copy their lengths from (pinned) host memory,
+    asynchronously.
     """
     states = [s.layers[layer] for s in seqs]
     dev = states[0].device
     if len(states) > 1 and _same_shapes(states):
-        # sinks and tails stacked separately: a few copies for the batch, not one per row;
-        # tails in one shared buffer (vecstore.tail) are read from it as they are
         n = states[0].pending_keys.shape[1]
         tail = states[0].tail_buffer
         if tail is not None and tail.holds(states, n):
-            tail_keys, tail_values = tail.keys[:, :, :n], tail.values[:, :, :n]
-        else:
-            tail_keys = torch.stack([st.pending_keys for st in states])
-            tail_values = torch.stack([st.pending_values for st in states])
-        keys = torch.cat([torch.stack([st.sink_keys for st in states]), tail_keys], dim=2)
-        values = torch.cat([torch.stack([st.sink_values for st in states]), tail_values],
-                           dim=2)
+            # the shared buffer is the batch's steady zone, at its full capacity
+            return Steady(tail.keys, tail.values, torch.full(
+                (len(states),), tail.sinks + n, dtype=torch.long, device=dev))
+        # sinks and tails stacked separately: a few copies for the batch, not one per row
+        keys = torch.cat([torch.stack([st.sink_keys for st in states]),
+                          torch.stack([st.pending_keys for st in states])], dim=2)
+        values = torch.cat([torch.stack([st.sink_values for st in states]),
+                            torch.stack([st.pending_values for st in states])], dim=2)
         return Steady(keys, values, torch.full((len(states),), keys.shape[2],
                                                dtype=torch.long, device=dev))
     parts = [st.steady() for st in states]

@@ -1,5 +1,6 @@
-"""One buffer for the pending tails of a batch's rows, so a decode step appends with two
-copies for the whole batch instead of two concatenations per row."""
+"""One buffer for the steady zones of a batch's rows: each row's sinks, then its pending
+tail, at fixed capacity, so a decode step appends with two copies for the whole batch and
+the batch's steady zone is the buffer itself (no concatenation, fixed shapes)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,41 @@ __all__ = ["TailBuffer", "append_tails"]
 
 @dataclass(eq=False, slots=True)
 class TailBuffer:
-    """``[B, Hkv, capacity, D]`` keys and values; row ``b``'s pending tail is the view
-    ``keys[b, :, :n]`` (and ``values[b, :, :n]``) of its layer."""
+    """``[B, Hkv, sinks + capacity, D]`` keys and values: row ``b`` holds its layer's
+    ``sinks`` sink tokens, then its pending tail, the view ``keys[b, :, sinks:sinks + n]``
+    (and ``values[...]``) of that layer. Columns past a row's tokens are unused."""
 
     keys: torch.Tensor
     values: torch.Tensor
+    sinks: int
+
+    @property
+    def capacity(self) -> int:
+        """Tail tokens a row can hold."""
+        return self.keys.shape[2] - self.sinks
 
     def holds(self, states: list[LayerState], n: int) -> bool:
-        """Whether every ``states[b]``'s tail is exactly row ``b``'s first ``n`` tokens."""
+        """Whether every ``states[b]``'s tail is exactly row ``b``'s first ``n`` tail tokens
+        (and its sinks the buffer's)."""
         k0, v0 = self.keys.data_ptr(), self.values.data_ptr()
-        step = self.keys.stride(0) * self.keys.element_size()
+        size = self.keys.element_size()
+        step = self.keys.stride(0) * size
+        first = self.sinks * self.keys.stride(2) * size
         return len(states) == self.keys.shape[0] and all(
-            st.pending_keys.data_ptr() == k0 + b * step
-            and st.pending_values.data_ptr() == v0 + b * step
+            st.tail_buffer is self
+            and st.pending_keys.data_ptr() == k0 + b * step + first
+            and st.pending_values.data_ptr() == v0 + b * step + first
             and st.pending_keys.shape[1] == n and st.pending_values.shape[1] == n
+            and st.sink_keys.shape[1] == self.sinks
             for b, st in enumerate(states))
+
+    def extend(self, states: list[LayerState], n: int) -> None:
+        """Make every ``states[b]``'s tail the buffer's first ``n`` tail tokens of row ``b``
+        (tokens already written there, e.g. by a captured decode step)."""
+        end = self.sinks + n
+        for b, st in enumerate(states):
+            st.pending_keys = self.keys[b, :, self.sinks:end]
+            st.pending_values = self.values[b, :, self.sinks:end]
 
 
 def append_tails(states: list[LayerState], keys: torch.Tensor, values: torch.Tensor,
@@ -55,18 +76,21 @@ def append_tails(states: list[LayerState], keys: torch.Tensor, values: torch.Ten
         return False
     B, H, _, D = keys.shape
     buf = first.tail_buffer
-    if (buf is None or buf.keys.shape[1] != H or buf.keys.shape[2] < n + T
+    if (buf is None or buf.keys.shape[1] != H or buf.capacity < n + T
             or buf.keys.shape[3] != D or buf.keys.dtype != keys.dtype
-            or buf.keys.device != keys.device
-            or any(st.tail_buffer is not buf for st in states) or not buf.holds(states, n)):
+            or buf.keys.device != keys.device or not buf.holds(states, n)):
         capacity = max(window + update, n + T)
-        buf = TailBuffer(keys.new_empty(B, H, capacity, D), values.new_empty(B, H, capacity, D))
+        buf = TailBuffer(keys.new_zeros(B, H, sinks + capacity, D),
+                         values.new_zeros(B, H, sinks + capacity, D), sinks)
+        buf.keys[:, :, :sinks].copy_(torch.stack([st.sink_keys for st in states]))
+        buf.values[:, :, :sinks].copy_(torch.stack([st.sink_values for st in states]))
         if n:
-            buf.keys[:, :, :n].copy_(torch.stack([st.pending_keys for st in states]))
-            buf.values[:, :, :n].copy_(torch.stack([st.pending_values for st in states]))
-    buf.keys[:, :, n:n + T].copy_(keys)
-    buf.values[:, :, n:n + T].copy_(values)
-    for b, st in enumerate(states):
-        st.pending_keys, st.pending_values = buf.keys[b, :, :n + T], buf.values[b, :, :n + T]
-        st.tail_buffer = buf
+            buf.keys[:, :, sinks:sinks + n].copy_(torch.stack([st.pending_keys for st in states]))
+            buf.values[:, :, sinks:sinks + n].copy_(
+                torch.stack([st.pending_values for st in states]))
+        for st in states:
+            st.tail_buffer = buf
+    buf.keys[:, :, sinks + n:sinks + n + T].copy_(keys)
+    buf.values[:, :, sinks + n:sinks + n + T].copy_(values)
+    buf.extend(states, n + T)
     return True
