@@ -19,6 +19,7 @@ from attention.gqa import group_size
 from attention.prefill import prefill
 from vecstore import Sequence, Store
 from vecstore.checks import check_tensor
+from vecstore.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError, ShapeError
 from vecstore.types import QueryStats
 
@@ -55,11 +56,19 @@ class DecodeStats:
 
     def add(self, stats: QueryStats) -> DecodeStats:
         """These stats with one more query's folded in."""
-        n = self.queries + 1
+        return self.add_sums(1, stats.tokens_total, stats.tokens_exact, stats.estimated_mass)
+
+    def add_sums(self, queries: int, tokens_total: int, tokens_exact: int,
+                 estimated_mass: float) -> DecodeStats:
+        """These stats with ``queries`` more folded in, given their sums (of the estimated
+        mass too)."""
+        n = self.queries + queries
+        if not n:
+            return self
         return DecodeStats(
-            queries=n, tokens_total=self.tokens_total + stats.tokens_total,
-            tokens_exact=self.tokens_exact + stats.tokens_exact,
-            estimated_mass=self.estimated_mass + (stats.estimated_mass - self.estimated_mass) / n,
+            queries=n, tokens_total=self.tokens_total + tokens_total,
+            tokens_exact=self.tokens_exact + tokens_exact,
+            estimated_mass=(self.estimated_mass * self.queries + estimated_mass) / n,
         )
 
 
@@ -98,6 +107,8 @@ class StoreAttention:
         self.seqs = list(seqs)
         self._stats = DecodeStats()
         self._pending: list[QueryStats] = []  # not folded into _stats yet (maybe deferred)
+        self._prefilled: set[int] = set()  # layers whose last call was a prefill
+        self._decoder: BatchDecoder | None = None  # whose stats are not folded yet
 
     @property
     def decode_stats(self) -> DecodeStats:
@@ -111,6 +122,23 @@ class StoreAttention:
         for stats in self._pending:
             self._stats = self._stats.add(stats)
         self._pending.clear()
+        if self._decoder is not None:
+            queries, sums = self._decoder.take_stats()
+            total, exact, _, _, mass = sums.tolist()
+            self._stats = self._stats.add_sums(queries, round(total), round(exact), mass)
+
+    def decoder(self, num_q_heads: int) -> BatchDecoder | None:
+        """Fixed-shape decode steps of the batch for a CUDA graph of a model's whole decode
+        forward (:meth:`vecstore.store.Store.decoder`), or ``None`` when the batch does not
+        qualify now. Call it after an ordinary decode step; its steps count in
+        :attr:`decode_stats`."""
+        if any(layer in self._prefilled for layer in range(self.seqs[0].num_layers)):
+            return None  # the first decode step seals the prefill
+        decoder = self.store.decoder(self.seqs, num_q_heads)
+        if decoder is not None:
+            self._fold()  # the previous decoder's stats
+            self._decoder = decoder
+        return decoder
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  valid: torch.Tensor | None = None, scale: float | None = None,
@@ -140,6 +168,11 @@ class StoreAttention:
             scale = 1.0 / math.sqrt(q.shape[-1])
         L = q.shape[2]
         if L == 1 and any(s.tokens(layer) > 0 for s in self.seqs):
+            if layer in self._prefilled:
+                # the prompt's tokens but the last window are indexed before decoding, so
+                # the rows' steady zones are equally long (whatever their prompt lengths)
+                self.store.seal(self.seqs, layer)
+                self._prefilled.discard(layer)
             out, stats = decode(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
             if stats is not None:
                 # kept as is: folding reads deferred stats back, a host sync per step
@@ -148,6 +181,7 @@ class StoreAttention:
                     self._fold()
             return out
         out, _ = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
+        self._prefilled.add(layer)
         return out
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -94,10 +94,25 @@ class LayerState:
             keys, values = keys[:, room:], values[:, room:]
         pending_keys = torch.cat([self.pending_keys, keys], dim=1)
         pending_values = torch.cat([self.pending_values, values], dim=1)
-        ready = pending_keys.shape[1] - a.window_tokens
+        return self._index_tail(sink_keys, sink_values, pending_keys, pending_values,
+                                a.update_tokens)
+
+    def seal(self) -> list[Segment]:
+        """Index every tail token but the last ``window_tokens`` now, however few (at the
+        end of a prefill, so the rows of a batch keep equally long tails); returns the
+        segments created."""
+        return self._index_tail(self.sink_keys, self.sink_values, self.pending_keys,
+                                self.pending_values, 1)
+
+    def _index_tail(self, sink_keys: torch.Tensor, sink_values: torch.Tensor,
+                    pending_keys: torch.Tensor, pending_values: torch.Tensor,
+                    at_least: int) -> list[Segment]:
+        """Make ``sink_*`` and ``pending_*`` the layer's, first indexing all but the last
+        ``window_tokens`` of the tail if that leaves ``at_least`` tokens to index."""
+        ready = pending_keys.shape[1] - self.config.attention.window_tokens
         new: list[Segment] = []
         image = None
-        if ready >= a.update_tokens:
+        if ready >= at_least:
             start = sink_keys.shape[1] + self.num_indexed
             new = self.index.build(pending_keys[:, :ready], pending_values[:, :ready], start)
             pending_keys = pending_keys[:, ready:].contiguous()
@@ -106,6 +121,7 @@ class LayerState:
         self.sink_keys, self.sink_values = sink_keys, sink_values
         self.pending_keys, self.pending_values = pending_keys, pending_values
         if new:
+            self.tail_buffer = None  # the tail is a tensor of its own now
             self._install(self.segments + new, image)
             new = self.segments[-len(new):]
         return new

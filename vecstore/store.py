@@ -12,6 +12,7 @@ import torch
 
 from vecstore.checks import check_new_sequence
 from vecstore.config import StoreConfig, load_config
+from vecstore.decoder import BatchDecoder
 from vecstore.errors import (
     AlreadyExistsError,
     InvalidValueError,
@@ -354,6 +355,26 @@ class Store:
         """
         self._writer.append_batch(seqs, layer, keys, values, finite=finite)
 
+    def seal(self, seqs: list[Sequence], layer: int) -> None:
+        """Index every pending token of ``layer`` of ``seqs`` but the last
+        ``attention.window_tokens``, however few (appends index only every
+        ``attention.update_tokens``), in one transaction. A prefill ends with it, so the
+        rows of a batch decode with equally long steady zones.
+
+        Examples
+        --------
+        >>> cfg = {"attention": {"sink_tokens": 2, "window_tokens": 4}}
+        >>> with Store.open(config=cfg) as store:
+        ...     seq = store.create("a", num_layers=1, num_kv_heads=1, head_dim=8,
+        ...                        dtype=torch.float32)
+        ...     seq.append(0, torch.randn(1, 40, 8), torch.randn(1, 40, 8))
+        ...     before = seq.layers[0].num_indexed
+        ...     store.seal([seq], 0)
+        ...     before, seq.layers[0].num_indexed, seq.num_tokens
+        (0, 34, 40)
+        """
+        self._writer.seal(seqs, layer)
+
     def check_query(self, seqs: list[Sequence], layer: int, q: object,
                     scale: float | None, *, finite: bool = True,
                     grouped: bool = True) -> tuple[torch.Tensor, float]:
@@ -389,6 +410,17 @@ class Store:
         # the grouped float32 copy of q is for search(); the executors take q as given
         _, scale = self._queries.check(seqs, layer, q, scale, finite=finite, grouped=False)
         return self._queries.run(seqs, layer, q, scale)
+
+    def decoder(self, seqs: list[Sequence], num_q_heads: int) -> BatchDecoder | None:
+        """Fixed-shape decode steps of ``seqs`` over every layer, for one CUDA graph of a
+        model's whole decode forward (:class:`~vecstore.decoder.BatchDecoder`), or ``None``
+        when the batch does not qualify: the store is persisted (each step commits its
+        tail), the executor is not the fused ``wave`` one or cannot run a layer, the rows'
+        steady zones do not share a buffer with equal tails (decode a step through
+        :meth:`append_batch` and :meth:`query` first; :meth:`seal` equalizes tails), or the
+        next step indexes the tails. ``num_q_heads`` is the queries' head count.
+        """
+        return self._queries.decoder(seqs, num_q_heads)
 
     # -- memory --------------------------------------------------------------------------
     def memory(self) -> dict[str, tuple[int, int, int]]:

@@ -45,6 +45,26 @@ class TailBuffer:
             and st.sink_keys.shape[1] == self.sinks
             for b, st in enumerate(states))
 
+    @staticmethod
+    def gather(states: list[LayerState], capacity: int) -> TailBuffer:
+        """A new buffer of ``capacity`` tail tokens holding ``states``' sinks and tails
+        (equally many of each), which it becomes the tail of."""
+        first = states[0]
+        n, sinks = first.pending_keys.shape[1], first.sink_keys.shape[1]
+        H, D = first.num_kv_heads, first.head_dim
+        shape = (len(states), H, sinks + capacity, D)
+        buf = TailBuffer(first.sink_keys.new_zeros(shape), first.sink_values.new_zeros(shape),
+                         sinks)
+        for dst, name in ((buf.keys, "keys"), (buf.values, "values")):
+            dst[:, :, :sinks].copy_(torch.stack([getattr(st, f"sink_{name}") for st in states]))
+            if n:
+                dst[:, :, sinks:sinks + n].copy_(
+                    torch.stack([getattr(st, f"pending_{name}") for st in states]))
+        for st in states:
+            st.tail_buffer = buf
+        buf.extend(states, n)
+        return buf
+
     def extend(self, states: list[LayerState], n: int) -> None:
         """Make every ``states[b]``'s tail the buffer's first ``n`` tail tokens of row ``b``
         (tokens already written there, e.g. by a captured decode step)."""
@@ -74,22 +94,12 @@ def append_tails(states: list[LayerState], keys: torch.Tensor, values: torch.Ten
             or any(st.sink_keys.shape[1] != sinks or st.pending_keys.shape[1] != n
                    for st in states)):
         return False
-    B, H, _, D = keys.shape
+    H, D = keys.shape[1], keys.shape[3]
     buf = first.tail_buffer
     if (buf is None or buf.keys.shape[1] != H or buf.capacity < n + T
             or buf.keys.shape[3] != D or buf.keys.dtype != keys.dtype
             or buf.keys.device != keys.device or not buf.holds(states, n)):
-        capacity = max(window + update, n + T)
-        buf = TailBuffer(keys.new_zeros(B, H, sinks + capacity, D),
-                         values.new_zeros(B, H, sinks + capacity, D), sinks)
-        buf.keys[:, :, :sinks].copy_(torch.stack([st.sink_keys for st in states]))
-        buf.values[:, :, :sinks].copy_(torch.stack([st.sink_values for st in states]))
-        if n:
-            buf.keys[:, :, sinks:sinks + n].copy_(torch.stack([st.pending_keys for st in states]))
-            buf.values[:, :, sinks:sinks + n].copy_(
-                torch.stack([st.pending_values for st in states]))
-        for st in states:
-            st.tail_buffer = buf
+        buf = TailBuffer.gather(states, max(window + update, n + T))
     buf.keys[:, :, sinks + n:sinks + n + T].copy_(keys)
     buf.values[:, :, sinks + n:sinks + n + T].copy_(values)
     buf.extend(states, n + T)

@@ -63,3 +63,13 @@ class Writer:
                                 a.sink_tokens):
                 for b, state in enumerate(states):
                     state.append(keys[b], values[b])
+
+    def seal(self, seqs: list[Sequence], layer: int) -> None:
+        """:meth:`Store.seal <vecstore.store.Store.seal>`."""
+        self._queries.check_seqs(seqs, layer, stored=False)
+        store = self._store
+        with store.transaction():
+            txn = store._current_txn()
+            for seq in seqs:
+                txn.touch(seq, layer)
+                seq.layers[layer].seal()

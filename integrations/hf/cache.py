@@ -29,6 +29,7 @@ import torch
 from transformers import Cache, CacheLayerMixin, PreTrainedModel
 
 from attention import DecodeStats, StoreAttention
+from integrations.hf.decode_graph import DecodeGraph, graphed_forward
 from integrations.hf.install import (
     ATTENTION_NAME,
     ModelShape,
@@ -38,6 +39,7 @@ from integrations.hf.install import (
 )
 from vecstore import Sequence, Store, StoreConfig
 from vecstore.config import load_config
+from vecstore.decoder import BatchDecoder
 from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
 
 __all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]
@@ -112,6 +114,12 @@ class WaveCache(Cache):
     name : str, optional
         Sequence name in the store (a random one by default); batch row ``b`` of a
         batch of several is stored as ``"<name>.<b>"``.
+    cuda_graphs : bool, optional
+        Run decode steps as one CUDA graph of the model's whole forward
+        (:mod:`integrations.hf.decode_graph`): a step is then one launch, whatever the
+        number of layers. ``None`` (default): on when the model is on a CUDA device. On a
+        CPU, ``True`` runs the same fixed-shape steps without capture. Only in-memory
+        stores decode this way (a persisted store commits every step).
 
     Raises
     ------
@@ -135,17 +143,18 @@ class WaveCache(Cache):
 
     def __init__(self, store_or_config: Store | StoreConfig | Mapping[str, Any] | str | Path
                  | None = None, model: PreTrainedModel | None = None, *,
-                 name: str | None = None) -> None:
+                 name: str | None = None, cuda_graphs: bool | None = None) -> None:
         shape = model_shape(model)
         assert model is not None  # model_shape raised otherwise
         if isinstance(store_or_config, Store):
             store, owned = store_or_config, False
         else:
             store, owned = Store.open(config=_config_for(store_or_config, shape)), True
-        self._setup(store, owned, model, shape, name or f"hf-{secrets.token_hex(4)}", None)
+        self._setup(store, owned, model, shape, name or f"hf-{secrets.token_hex(4)}", None,
+                    cuda_graphs)
 
     def _setup(self, store: Store, owned: bool, model: PreTrainedModel, shape: ModelShape,
-               name: str, resumed: Sequence | None) -> None:
+               name: str, resumed: Sequence | None, cuda_graphs: bool | None) -> None:
         self.store = store
         self.name = name
         self.shape = shape
@@ -157,16 +166,22 @@ class WaveCache(Cache):
         super().__init__(layers=[WaveCacheLayer(self, i, seen) for i in range(shape.num_layers)])
         self._model = model
         self._attention = StoreAttention(store, [resumed]) if resumed is not None else None
+        self._route: BatchDecoder | None = None
         stack = ExitStack()
         if owned:
             stack.callback(store.close)
         self._binding = stack.enter_context(install(model))
+        if cuda_graphs is None:
+            cuda_graphs = shape.device.type == "cuda"
+        self.graph: DecodeGraph | None = None
+        if cuda_graphs:
+            self.graph = stack.enter_context(graphed_forward(model, self))
         self._finalizer = weakref.finalize(self, stack.close)
 
     @classmethod
     def from_store(cls, store_or_path: Store | str | Path, name: str, model: PreTrainedModel, *,
                    config: StoreConfig | Mapping[str, Any] | str | Path | None = None,
-                   ) -> WaveCache:
+                   cuda_graphs: bool | None = None) -> WaveCache:
         """Continue from a sequence stored earlier, without prefilling it again.
 
         Pass the full token ids (the stored context's, then the new ones) to
@@ -181,6 +196,10 @@ class WaveCache(Cache):
             The stored sequence.
         model : PreTrainedModel
             Must be the model that built the sequence.
+        config : StoreConfig | dict | str | Path, optional
+            The configuration a store opened from ``store_or_path`` gets.
+        cuda_graphs : bool, optional
+            As for the constructor.
 
         Raises
         ------
@@ -196,7 +215,7 @@ class WaveCache(Cache):
         try:
             seq = store.sequence(name)
             cache = cls.__new__(cls)
-            cache._setup(store, owned, model, shape, name, seq)
+            cache._setup(store, owned, model, shape, name, seq, cuda_graphs)
         except BaseException:
             if owned:
                 store.close()
@@ -238,12 +257,31 @@ class WaveCache(Cache):
 
         Returns ``[B, Hq, L, D]``; see :class:`attention.StoreAttention`.
         """
+        if self._route is not None:
+            return self._route.attend(layer, q, k, v, scale if scale is not None
+                                      else q.shape[-1] ** -0.5)
         if self._attention is None:
             self._attention = StoreAttention(self.store, self._create(q.shape[0]))
         elif q.shape[0] != len(self._attention.seqs):
             raise ShapeError(f"batch: this WaveCache holds {len(self._attention.seqs)} rows, "
                              f"got a step with {q.shape[0]}")
         return self._attention(layer, q, k, v, valid=valid, scale=scale)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The model this cache is attached to."""
+        return self._model
+
+    def decoder(self, batch: int) -> BatchDecoder | None:
+        """The batch's fixed-shape decode steps (:meth:`attention.StoreAttention.decoder`),
+        or ``None``; for :class:`~integrations.hf.decode_graph.DecodeGraph`."""
+        if self._attention is None or batch != len(self._attention.seqs):
+            return None
+        return self._attention.decoder(self.shape.num_q_heads)
+
+    def route(self, decoder: BatchDecoder | None) -> None:
+        """Send the attention calls to ``decoder`` (``None``: through the store again)."""
+        self._route = decoder
 
     def _create(self, batch: int) -> list[Sequence]:
         names = [self.name] if batch == 1 else [f"{self.name}.{b}" for b in range(batch)]

@@ -1,0 +1,233 @@
+"""A WaveCache's decode steps as one CUDA graph of the model's whole forward.
+
+:class:`DecodeGraph` stands in for the model's ``forward`` while a
+:class:`~integrations.hf.cache.WaveCache` with ``cuda_graphs`` is open. A decode step with
+that cache (one new token per row) runs the forward over static input buffers with every
+attention layer routed to the batch's :class:`~vecstore.decoder.BatchDecoder`: device work
+of fixed shapes, so after its first run the forward is captured once and then replayed,
+one launch per step for the whole model. What the graph cannot hold runs the model's
+forward as it is (an "ordinary" step): prefills, the first decode step after a prefill
+(it seals the prompt), the step whose token makes the tails index a segment (every
+``attention.update_tokens`` tokens; the next step captures again), and batches the
+decoder does not serve (see :meth:`vecstore.store.Store.decoder`).
+
+On a CPU the same fixed-shape steps run without capture (how the tests exercise them).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vecstore.decoder import BatchDecoder
+from vecstore.errors import InvalidValueError
+
+if TYPE_CHECKING:
+    from integrations.hf.cache import WaveCache
+
+__all__ = ["DecodeGraph", "graphed_forward"]
+
+_STATIC_INPUTS = ("input_ids", "position_ids", "cache_position")
+_CACHE_KWARGS = ("cache", "past_key_values")
+
+
+@dataclass(eq=False, slots=True)
+class _Captured:
+    """One captured forward: the key it was captured for, its graph and its buffers."""
+
+    key: tuple
+    graph: torch.cuda.CUDAGraph | None  # None on a CPU: the step runs uncaptured
+    inputs: dict[str, torch.Tensor]
+    output: Any
+
+
+class DecodeGraph:
+    """The forward of ``model`` for ``cache``'s decode steps (see the module docstring).
+
+    Parameters
+    ----------
+    cache : WaveCache
+        The cache whose steps it serves; other forward calls go to ``forward`` unchanged.
+    forward : callable
+        The model's ``forward`` it wraps.
+    previous : callable, optional
+        What the model's instance held as ``forward`` before (``None``: the class's),
+        restored when the graph is taken out.
+    """
+
+    def __init__(self, cache: WaveCache, forward: Callable[..., Any],
+                 previous: Callable[..., Any] | None = None) -> None:
+        self.cache = cache
+        self.forward = forward
+        self.previous = previous
+        self.decoder: BatchDecoder | None = None
+        self._captured: _Captured | None = None
+        self.static_steps = 0  # decode steps run as fixed-shape steps (replayed on CUDA)
+        self.captures = 0
+        functools.update_wrapper(self, forward, updated=())
+        self._signature = inspect.signature(forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args:  # named, as the model's forward names them
+            kwargs = {**self._signature.bind_partial(*args).arguments, **kwargs}
+        if not self._is_decode_step(kwargs):
+            return self.forward(**kwargs)
+        dec = self.decoder
+        if dec is None or not dec.is_current() or dec.flush_due:
+            return self._ordinary(kwargs)
+        self._begin(dec)
+        key = self._key(kwargs)
+        cap = self._captured
+        if cap is None or cap.key != key:
+            return self._first_run(key, kwargs)
+        self._load(cap, kwargs)
+        if cap.graph is not None:
+            cap.graph.replay()
+            for layer in self.cache.layers:
+                layer.seen += 1
+        else:
+            cap.output = self._run_static(cap.inputs, cap.key)
+        self._after_step()
+        return _with_logits(cap.output, cap.output.logits.clone())
+
+    # -- the steps ---------------------------------------------------------------------
+    def _is_decode_step(self, kwargs: dict[str, Any]) -> bool:
+        ids = kwargs.get("input_ids")
+        cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
+        return (cache is self.cache and isinstance(ids, torch.Tensor) and ids.dim() == 2
+                and ids.shape[1] == 1 and kwargs.get("inputs_embeds") is None
+                and self.cache.sequences != [] and not self.cache.is_closed)
+
+    def _begin(self, dec: BatchDecoder) -> None:
+        """Start a step; when an earlier one is found to have stored a NaN/Inf, the
+        decoder drops its tokens and raises: the layers forget them too."""
+        tokens = dec.tail_tokens
+        try:
+            dec.begin()
+        except InvalidValueError:
+            for layer in self.cache.layers:
+                layer.seen -= tokens - dec.tail_tokens
+            self.decoder, self._captured = None, None
+            raise
+
+    def _ordinary(self, kwargs: dict[str, Any]) -> Any:
+        """The model's forward as it is; then a decoder for the next steps, if the batch
+        qualifies."""
+        self._captured = None
+        out = self.forward(**kwargs)
+        self.decoder = self.cache.decoder(kwargs["input_ids"].shape[0])
+        return out
+
+    def _first_run(self, key: tuple, kwargs: dict[str, Any]) -> Any:
+        """The first step of a new shape: run it uncaptured (compiling the kernels; it is
+        a real step), then capture the forward for the next ones (capturing runs
+        nothing)."""
+        self._captured = None
+        inputs = {name: t.clone() for name, t in kwargs.items() if name in _STATIC_INPUTS
+                  and isinstance(t, torch.Tensor)}
+        if "position_ids" not in inputs:
+            inputs["position_ids"] = self._positions(kwargs["input_ids"])
+        out = self._run_static(inputs, key)
+        self._after_step()
+        cap = _Captured(key, None, inputs, None)
+        if inputs["input_ids"].device.type == "cuda":
+            seen = [layer.seen for layer in self.cache.layers]
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: an offloaded layer's policy worker may use CUDA meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                cap.output = self._run_static(inputs, key)
+            for layer, count in zip(self.cache.layers, seen, strict=True):
+                layer.seen = count  # capturing ran the forward's Python, not a step
+            cap.graph = graph
+            self.captures += 1
+        self._captured = cap
+        return out
+
+    def _run_static(self, inputs: dict[str, torch.Tensor], key: tuple) -> Any:
+        """The forward over the static ``inputs``, attention through the decoder."""
+        assert self.decoder is not None
+        other = dict(key[1])
+        self.cache.route(self.decoder)
+        try:
+            out = self.forward(**inputs, **other, attention_mask=None,
+                               **{self._cache_kwarg(): self.cache})
+            self.decoder.end()
+        finally:
+            self.cache.route(None)
+        return out
+
+    def _after_step(self) -> None:
+        assert self.decoder is not None
+        self.decoder.advance()
+        self.static_steps += 1
+
+    def _load(self, cap: _Captured, kwargs: dict[str, Any]) -> None:
+        for name, static in cap.inputs.items():
+            given = kwargs.get(name)
+            if given is None and name == "position_ids":
+                given = self._positions(kwargs["input_ids"])
+            static.copy_(given)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _key(self, kwargs: dict[str, Any]) -> tuple:
+        """What a capture depends on: the inputs' shapes and the other arguments."""
+        shapes = tuple((name, tuple(kwargs[name].shape)) for name in _STATIC_INPUTS
+                       if isinstance(kwargs.get(name), torch.Tensor))
+        other = tuple(sorted((k, v) for k, v in kwargs.items()
+                             if k not in _STATIC_INPUTS and k not in _CACHE_KWARGS
+                             and k != "attention_mask" and not isinstance(v, torch.Tensor)))
+        return shapes, other
+
+    def _positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Positions of the step's tokens when the caller gave none (as the model infers
+        them: the tokens seen so far)."""
+        return torch.full_like(ids, self.cache.get_seq_length())
+
+    def _cache_kwarg(self) -> str:
+        from integrations.hf.cache import cache_kwarg
+
+        return cache_kwarg(self.cache.model)
+
+
+@contextmanager
+def graphed_forward(model: torch.nn.Module, cache: WaveCache) -> Iterator[DecodeGraph]:
+    """Make ``model.forward`` serve ``cache``'s decode steps through a
+    :class:`DecodeGraph` until the block ends. Several caches may be open on one model and
+    close in any order: each graph hands other calls to the forward it wraps."""
+    graph = DecodeGraph(cache, model.forward, model.__dict__.get("forward"))
+    model.forward = graph
+    try:
+        yield graph
+    finally:
+        _unlink(model, graph)
+        graph.decoder = None
+        graph._captured = None
+
+
+def _unlink(model: torch.nn.Module, graph: DecodeGraph) -> None:
+    """Take ``graph`` out of ``model``'s chain of forwards."""
+    node = model.__dict__.get("forward")
+    if node is graph:
+        if graph.previous is None:
+            del model.forward  # the class's forward again
+        else:
+            model.forward = graph.previous
+        return
+    while isinstance(node, DecodeGraph):
+        if node.forward is graph:
+            node.forward, node.previous = graph.forward, graph.previous
+            return
+        node = node.forward
+
+
+def _with_logits(output: Any, logits: torch.Tensor) -> Any:
+    """A shallow copy of a model output with ``logits`` replaced."""
+    fields = dict(output.items())
+    fields["logits"] = logits
+    return type(output)(**fields)

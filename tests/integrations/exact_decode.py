@@ -1,0 +1,40 @@
+"""A stand-in for the wave executor's fused step that attends to every stored row exactly,
+in plain torch: tests of the host side of the fused path (bookkeeping, buffers, capture)
+run fast on CPU, and their tokens must equal full attention's."""
+
+from __future__ import annotations
+
+import torch
+
+from vecstore.executor.base import Steady
+from vecstore.executor.wave_state import DecodeResult, PreparedView, Zones
+
+
+def exact_decode(self: object, prep: PreparedView, steady: Steady, q: torch.Tensor,
+                 scale: float) -> DecodeResult:
+    """Exact attention of ``q [B, Hq, D]`` over the steady zone (its ``lengths``) and every
+    row of the prepared view's clusters; no unit counts as retrieved or estimated."""
+    B, Hq, D = q.shape
+    rows, N, _ = prep.keys.shape
+    H = rows // B
+    G = Hq // H
+    S = steady.keys.shape[2]
+    keys = torch.cat([steady.keys.reshape(rows, S, D), prep.keys.to(q.device)], dim=1)
+    values = torch.cat([steady.values.reshape(rows, S, D), prep.values.to(q.device)], dim=1)
+    in_steady = (torch.arange(S) < steady.lengths[:, None])[:, None].expand(B, H, S)
+    in_steady = in_steady.reshape(rows, S)
+    start = prep.first_row.long()
+    end = start + prep.sizes.long()
+    pos = torch.arange(N)
+    in_view = ((pos >= start[..., None]) & (pos < end[..., None])).any(dim=1)
+    valid = torch.cat([in_steady, in_view], dim=1)  # [rows, S + N]
+    qf = q.reshape(rows, G, D).float()
+    scores = (qf @ keys.float().transpose(1, 2)) * scale
+    scores = scores.masked_fill(~valid[:, None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.softmax(scores, dim=-1) @ values.float()
+    zones = Zones.empty(rows, prep.sizes.shape[1], prep.r_max, q.device, prep.e_max)
+    for t in (zones.cum, zones.count, zones.est_count):
+        t.zero_()
+    return DecodeResult(out=out.reshape(B, Hq, D).to(q.dtype), lse=lse.reshape(B, Hq),
+                        zones=zones, parts_lse=lse.reshape(B * Hq, 1), num_exact_parts=1)

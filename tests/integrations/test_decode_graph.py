@@ -1,0 +1,122 @@
+"""The fixed-shape decode steps a WaveCache captures as one CUDA graph, run uncaptured on
+the CPU with the fused step replaced by exact attention in torch (the kernels have tests of
+their own; the compiled path runs under ``-m gpu``): the same tokens as the ordinary steps
+and as DynamicCache across segment flushes with left-padded batches, no host sync, NaN/Inf
+reported without storing the step, stats counted, and the model's forward restored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from integrations.hf import WaveCache
+from integrations.hf.cache import cache_kwarg
+from integrations.hf.decode_graph import DecodeGraph
+from tests.integrations.exact_decode import exact_decode
+from tests.integrations.hf_models import generate, left_padded, tiny_model
+from tests.syncs import HostSyncs
+from vecstore.errors import InvalidValueError
+from vecstore.executor.wave_exec import WaveExecutor
+
+WAVE = {"index": {"tokens_per_cluster": 4, "segment_tokens": 32},
+        "attention": {"sink_tokens": 2, "window_tokens": 4, "update_tokens": 8},
+        "executor": {"kind": "wave", "device": "cpu"}}
+
+
+@pytest.fixture(autouse=True)
+def _exact_step(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused path takes CPU tensors
+    monkeypatch.setattr(WaveExecutor, "decode", exact_decode)
+
+
+def _wave(cache: WaveCache) -> None:
+    cache.store._executor.backend = "triton"
+
+
+@pytest.mark.parametrize(("arch", "lengths"), [("llama", [30, 45, 21]), ("qwen2", [40])])
+def test_fixed_shape_steps_equal_ordinary_steps_across_flushes(arch, lengths):
+    model = tiny_model(arch, 4, 2, seed=1)
+    ids, mask = left_padded(lengths, seed=1)
+    new = 30  # update_tokens 8: the tails index segments three times
+    ref = generate(model, ids, DynamicCache(), attention_mask=mask, max_new_tokens=new,
+                   do_sample=False, eos_token_id=None)
+    runs, segments = {}, {}
+    for graphs in (False, True):
+        with WaveCache(WAVE, model, cuda_graphs=graphs) as cache:
+            _wave(cache)
+            runs[graphs] = generate(model, ids, cache, attention_mask=mask,
+                                    max_new_tokens=new, do_sample=False, eos_token_id=None)
+            seqs = cache.sequences
+            assert [s.num_tokens for s in seqs] == [n + new - 1 for n in lengths]
+            assert cache.get_seq_length() == ids.shape[1] + new - 1
+            assert cache.decode_stats.queries == (new - 1) * 2
+            segments[graphs] = [len(s.layers[0].segments) for s in seqs]
+            if graphs:
+                # ordinary: the step after the prefill and the 3 that index the tails
+                assert cache.graph.static_steps == new - 1 - 4
+    assert torch.equal(runs[True], ref) and torch.equal(runs[False], ref)
+    assert segments[True] == segments[False] and min(segments[True]) >= 4
+
+
+def test_fixed_shape_step_does_not_sync():
+    model = tiny_model("llama", 4, 2, layers=3)
+    ids, mask = left_padded([60, 75], seed=2)
+    kw = cache_kwarg(model)
+    with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
+        _wave(cache)
+        model(ids, attention_mask=mask, use_cache=True, **{kw: cache})
+        nxt = ids[:, -1:]
+        pos = mask.sum(1, keepdim=True)
+        for step in range(3):  # ordinary (seals), first fixed-shape run, then steady
+            model(nxt, position_ids=pos + step, use_cache=True, **{kw: cache})
+        assert cache.graph.static_steps == 2
+        with HostSyncs() as syncs:
+            model(nxt, position_ids=pos + 3, use_cache=True, **{kw: cache})
+        assert syncs.total == 0, dict(syncs.count)
+        assert cache.graph.static_steps == 3
+        stats = cache.decode_stats  # read back now
+        assert stats.queries == 4 * 3  # one ordinary and three fixed-shape steps, 3 layers
+        # each query counts the tokens its rows store, its own included
+        assert stats.tokens_total == 3 * sum(60 + 75 + 2 * (t + 1) for t in range(4))
+
+
+def test_nan_step_is_reported_and_not_stored():
+    model = tiny_model("llama", 4, 2)
+    ids, mask = left_padded([50, 64], seed=4)
+    kw = cache_kwarg(model)
+    with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
+        _wave(cache)
+        model(ids, attention_mask=mask, use_cache=True, **{kw: cache})
+        nxt = ids[:, -1:]
+        for _ in range(3):
+            model(nxt, use_cache=True, **{kw: cache})
+        counts = [s.num_tokens for s in cache.sequences]
+        seen = cache.get_seq_length()
+        embed = model.get_input_embeddings().weight
+        saved = embed[nxt[0, 0]].clone()
+        embed.data[nxt[0, 0]] = float("nan")
+        model(nxt, use_cache=True, **{kw: cache})  # stored, found at the next step's start
+        embed.data[nxt[0, 0]] = saved
+        with pytest.raises(InvalidValueError, match="NaN or Inf.*1 token"):
+            model(nxt, use_cache=True, **{kw: cache})
+        assert [s.num_tokens for s in cache.sequences] == counts
+        assert cache.get_seq_length() == seen
+        assert all(torch.isfinite(s.layers[layer].steady()[0]).all()
+                   for s in cache.sequences for layer in range(2))
+        model(nxt, use_cache=True, **{kw: cache})  # decoding goes on
+        assert [s.num_tokens for s in cache.sequences] == [n + 1 for n in counts]
+
+
+def test_forward_is_restored_whatever_order_caches_close():
+    model = tiny_model("llama", 4, 2)
+    plain = model.forward
+    a = WaveCache(WAVE, model, cuda_graphs=True)
+    b = WaveCache(WAVE, model, cuda_graphs=True)
+    assert isinstance(model.forward, DecodeGraph) and model.forward.forward is a.graph
+    a.close()
+    assert model.forward is b.graph and b.graph.forward == plain
+    b.close()
+    assert "forward" not in model.__dict__ and model.forward == plain
+    with WaveCache(WAVE, model, cuda_graphs=False):
+        assert "forward" not in model.__dict__
