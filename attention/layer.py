@@ -147,8 +147,7 @@ class StoreAttention:
                 if len(self._pending) >= _MAX_PENDING:
                     self._fold()
             return out
-        out, _ = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
-        return out
+        return prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                valid: torch.Tensor | None) -> None:

@@ -83,8 +83,14 @@ class LayerState:
         """The placed rows of every segment (``None`` before the first, or unplaced)."""
         return None if self._image is None else self._image.rows
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> list[Segment]:
-        """Add ``[Hkv, T, D]`` tokens; returns the segments this append created."""
+    def append(self, keys: torch.Tensor, values: torch.Tensor, *,
+               whole_segments: bool = False) -> list[Segment]:
+        """Add ``[Hkv, T, D]`` tokens; returns the segments this append created.
+
+        ``whole_segments`` (a prefill chunk): index only whole ``index.segment_tokens``
+        segments, so a prompt is segmented as configured whatever its chunks; the rest
+        waits in the tail for a later append (the first decode step's at the latest).
+        """
         a = self.config.attention
         sink_keys, sink_values = self.sink_keys, self.sink_values
         room = a.sink_tokens - sink_keys.shape[1]
@@ -95,6 +101,8 @@ class LayerState:
         pending_keys = torch.cat([self.pending_keys, keys], dim=1)
         pending_values = torch.cat([self.pending_values, values], dim=1)
         ready = pending_keys.shape[1] - a.window_tokens
+        if whole_segments:
+            ready -= ready % self.config.index.segment_tokens
         new: list[Segment] = []
         image = None
         if ready >= a.update_tokens:
