@@ -108,7 +108,7 @@ def _valid_tokens(valid: torch.Tensor | None, B: int,
         return [slice(0, L)] * B
     counts = valid.sum(1)
     left = torch.arange(L, device=valid.device)[None, :] >= (L - counts)[:, None]
-    if bool(torch.equal(left, valid)):  # one host sync for the whole batch
+    if torch.equal(left, valid):  # one host sync for the whole batch
         return [slice(L - n, L) if n else None for n in counts.tolist()]
     return [idx if idx.numel() else None
             for idx in (row.nonzero().flatten() for row in valid)]
