@@ -18,7 +18,8 @@ __all__ = ["ingest", "query_store", "decode"]
 
 
 def ingest(store: Store, seqs: list[Sequence], layer: int, k: torch.Tensor, v: torch.Tensor,
-           valid: torch.Tensor | None, *, finite: bool = True) -> None:
+           valid: torch.Tensor | None, *, finite: bool = True,
+           whole_segments: bool = False) -> None:
     """Append each row's valid tokens to its sequence (padding is never stored).
 
     Parameters
@@ -36,15 +37,18 @@ def ingest(store: Store, seqs: list[Sequence], layer: int, k: torch.Tensor, v: t
     finite : bool
         Scan each row's keys and values for NaN/Inf (``False``: the caller did, for all
         rows at once).
+    whole_segments : bool
+        A prefill chunk: index only whole ``index.segment_tokens`` segments
+        (:meth:`vecstore.Store.append_batch`).
     """
     if valid is None:
-        store.append_batch(seqs, layer, k, v, finite=finite)
+        store.append_batch(seqs, layer, k, v, finite=finite, whole_segments=whole_segments)
         return
     for b, seq in enumerate(seqs):
         keep = valid[b].nonzero().flatten()
         if keep.numel():
             seq._append(layer, k[b].index_select(1, keep), v[b].index_select(1, keep),
-                        finite=finite)
+                        finite=finite, whole_segments=whole_segments)
 
 
 def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,

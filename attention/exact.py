@@ -1,29 +1,31 @@
-"""Exact causal attention over the tokens of one step, with or without log-sum-exp.
+"""Exact causal attention of a step's tokens: over themselves, or over a stored prefix too.
 
-Two forms of the same computation (Vaswani et al. 2017):
+Two entry points to the same computation (Vaswani et al. 2017):
 
 - :func:`sdpa` returns only the output and goes through
   ``torch.nn.functional.scaled_dot_product_attention`` exactly as transformers' ``sdpa``
   attention does (same mask, same GQA handling), so a prefill through vecstore is
   bit-identical to the model's own.
-- :func:`attention_with_lse` also returns the log-sum-exp, so the result merges exactly
-  with attention over stored tokens (:func:`vecstore.executor.merge.merge`). It works in
-  float32, in query chunks that bound the score matrix's memory.
+- :func:`sdpa_lower_right` is one row's block of new tokens over its stored prefix and
+  itself (the prefill of a chunk after the first), through flash attention where CUDA
+  has it.
 
-Both take the new tokens' queries ``[B, Hq, L, D]``, keys and values ``[B, Hkv, L, D]``
-and an optional validity mask ``[B, L]`` (``False`` = a padding token, never attended).
+:func:`sdpa` takes the new tokens' queries ``[B, Hq, L, D]``, keys and values
+``[B, Hkv, L, D]`` and an optional validity mask ``[B, L]`` (``False`` = a padding
+token, never attended).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+from torch.nn.attention.bias import causal_lower_right
 
 from attention.gqa import group_size, repeat_kv
+from vecstore.slicing import query_slices
 
-__all__ = ["causal_mask", "sdpa", "attention_with_lse"]
-
-_SCORE_BUDGET = 1 << 26  # float32 scores held at once (256 MiB)
+__all__ = ["causal_mask", "sdpa", "sdpa_lower_right"]
 
 
 def causal_mask(valid: torch.Tensor | None, num_tokens: int,
@@ -83,49 +85,59 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                                           attn_mask=mask, scale=scale)
 
 
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                       valid: torch.Tensor | None = None,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention of the step's queries over its own tokens, with log-sum-exp.
+def sdpa_lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     scale: float) -> torch.Tensor:
+    """Causal attention of the last ``Lq`` of ``S`` tokens over all ``S`` (one row).
+
+    Query ``i`` sits at position ``S - Lq + i`` and sees keys ``0 .. S - Lq + i``: a
+    block of new tokens over its stored prefix and itself. The mask is torch's
+    lower-right causal bias (``causal_lower_right``), which flash and memory-efficient
+    attention apply on CUDA without building it, with GQA read in place (no repeated
+    KV). Where neither kernel runs (CPU, unsupported dtypes) torch materialises the mask
+    (and the math backend the scores), so the queries go in slices whose ``Hq x l x S``
+    stay under :data:`vecstore.slicing.SCORE_BUDGET`.
 
     Parameters
     ----------
     q : torch.Tensor
-        ``[B, Hq, L, D]``.
+        ``[Hq, Lq, D]``.
     k, v : torch.Tensor
-        ``[B, Hkv, L, D]``.
+        ``[Hkv, S, D]``, ``S >= Lq``, the stored tokens first (in any order) and the
+        ``Lq`` new ones last, in order.
     scale : float
         Softmax scale.
-    valid : torch.Tensor | None
-        ``[B, L]`` bool; ``None`` = no padding.
 
     Returns
     -------
-    tuple[torch.Tensor, torch.Tensor]
-        ``out [B, Hq, L, D]`` (``q``'s dtype) and ``lse [B, Hq, L]`` float32; a query
-        that sees no valid key has ``out = 0`` and ``lse = -inf``.
+    torch.Tensor
+        ``[Hq, Lq, D]`` in ``q``'s dtype.
 
     Examples
     --------
-    >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
-    >>> out, lse = attention_with_lse(q, k, v, scale=8 ** -0.5)
-    >>> torch.allclose(out, sdpa(q, k, v, scale=8 ** -0.5), atol=1e-5)
+    >>> q, k, v = torch.randn(4, 3, 8), torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    >>> torch.allclose(sdpa_lower_right(q, k, v, scale=0.3),
+    ...                sdpa(q[None], k[None], v[None], scale=0.3)[0], atol=1e-6)
     True
     """
-    B, Hq, L, D = q.shape
-    groups = group_size(Hq, k.shape[1])
-    kf = repeat_kv(k.float(), groups)  # [B, Hq, L, D]
-    vf = repeat_kv(v.float(), groups)
-    mask = causal_mask(valid, L, q.device)  # [B|1, 1, L, L]
-    chunk = max(1, _SCORE_BUDGET // max(1, B * Hq * L))
-    outs, lses = [], []
-    for i in range(0, L, chunk):
-        # in place after the product: one [B, Hq, l, L] float32 tensor at a time
-        logits = torch.matmul(q[:, :, i:i + chunk].float(), kf.transpose(2, 3)).mul_(scale)
-        logits.masked_fill_(~mask[:, :, i:i + chunk], float("-inf"))
-        lse = torch.logsumexp(logits, dim=-1)  # [B, Hq, l]
-        probs = logits.sub_(lse[..., None]).exp_().nan_to_num_(0.0)
-        outs.append(torch.matmul(probs, vf))
-        del logits, probs
-        lses.append(lse)
-    return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2)
+    groups = group_size(q.shape[0], k.shape[0])
+    Lq, S = q.shape[1], k.shape[1]
+    q4, k4, v4 = q[None], k[None], v[None]
+    if _fused(q4, k4, v4, groups > 1):
+        parts = [slice(0, Lq)]
+    else:
+        parts = query_slices(Lq, S, rows=q.shape[0])
+    outs = []
+    for part in parts:
+        seen = S - Lq + part.stop  # keys the slice's last query sees
+        outs.append(F.scaled_dot_product_attention(
+            q4[:, :, part], k4[:, :, :seen], v4[:, :, :seen], scale=scale,
+            attn_mask=causal_lower_right(part.stop - part.start, seen), enable_gqa=groups > 1))
+    return outs[0][0] if len(outs) == 1 else torch.cat(outs, dim=2)[0]
+
+
+def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> bool:
+    """Whether a CUDA kernel applies the lower-right mask itself (as torch decides)."""
+    if q.device.type != "cuda":
+        return False
+    params = SDPAParams(q, k, v, None, 0.0, False, gqa)
+    return can_use_flash_attention(params) or can_use_efficient_attention(params)

@@ -180,7 +180,7 @@ class StoreAttention:
                 if len(self._pending) >= _MAX_PENDING:
                     self._fold()
             return out
-        out, _ = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
+        out = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
         self._prefilled.add(layer)
         return out
 

@@ -1,28 +1,39 @@
-"""Prefill: exact attention over the prompt, then ingest its KV into the store.
+"""Prefill: exact attention of a block of new tokens, then their ingestion.
 
-The prompt's tokens attend to each other exactly and causally (as the model's own SDPA
-would), and their keys and values are appended to the store, which builds the index.
-When the sequences already hold tokens (a conversation continued over a stored
-document), the new tokens also attend to everything stored, through the store's query,
-and the two partial results merge exactly by log-sum-exp.
+A block (a prompt, or one chunk of a prompt fed over several forward passes) attends
+exactly: each token to everything its row already stores and causally to the block's
+tokens up to itself. Prefill is compute-bound, so reading the stored prefix sparsely
+would save nothing; it is read whole, with flash attention where CUDA has it.
+
+- No row stores anything and none is padded: one batched SDPA call, the one
+  transformers makes (:func:`attention.exact.sdpa`), so the outputs are bit-identical.
+- Otherwise row by row: the row's stored blocks (:meth:`vecstore.Sequence.kv_blocks`)
+  and its valid new tokens, laid out as one ``[Hkv, P + n, D]`` pair on the device
+  (:func:`attention.prefix.rows_on_device`, which copies rows held in pinned host memory
+  one row ahead on a side stream), attended by the row's ``n`` valid queries with a
+  lower-right causal mask (:func:`attention.exact.sdpa_lower_right`). Padding (left
+  padding, rows of different lengths) is never attended; padded queries get zeros.
+
+The valid tokens are then appended to the store in whole index segments
+(``whole_segments``): a prompt is clustered in ``index.segment_tokens`` segments whatever
+its chunks, and what is left is indexed by the first decode step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from attention.decode import ingest, query_store
-from attention.exact import attention_with_lse, sdpa
+from attention.decode import ingest
+from attention.exact import sdpa, sdpa_lower_right
+from attention.prefix import Blocks, rows_on_device
 from vecstore import Sequence, Store
-from vecstore.executor.merge import merge
-from vecstore.types import QueryStats
 
 __all__ = ["prefill"]
 
 
 def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, *, scale: float, valid: torch.Tensor | None = None,
-            ) -> tuple[torch.Tensor, QueryStats | None]:
+            ) -> torch.Tensor:
     """Attention of a block of new tokens of one layer, then their ingestion.
 
     Parameters
@@ -45,17 +56,64 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
 
     Returns
     -------
-    tuple[torch.Tensor, QueryStats | None]
-        ``out [B, Hq, L, D]`` in ``q``'s dtype, and the store's stats when stored tokens
-        were queried (``None`` for a first prefill).
+    torch.Tensor
+        ``[B, Hq, L, D]`` in ``q``'s dtype, exact whatever the store's budgets.
+
+    Examples
+    --------
+    A prompt prefilled in two chunks gives the one-pass prefill's output:
+
+    >>> q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    >>> with Store.open() as store:
+    ...     one, two = ([store.create(n, num_layers=1, num_kv_heads=2, head_dim=8,
+    ...                               dtype=torch.float32)] for n in ("one", "two"))
+    ...     whole = prefill(store, one, 0, q, k, v, scale=0.3)
+    ...     first = prefill(store, two, 0, q[:, :, :4], k[:, :, :4], v[:, :, :4], scale=0.3)
+    ...     rest = prefill(store, two, 0, q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], scale=0.3)
+    >>> torch.allclose(torch.cat([first, rest], dim=2), whole, atol=1e-6)
+    True
     """
-    stats = None
-    if all(s.tokens(layer) == 0 for s in seqs):
-        out = sdpa(q, k, v, scale=scale, valid=valid)
+    if valid is None and all(s.tokens(layer) == 0 for s in seqs):
+        out = sdpa(q, k, v, scale=scale, valid=None)
     else:
-        out_past, lse_past, stats = query_store(store, seqs, layer, q, scale)
-        out_new, lse_new = attention_with_lse(q, k, v, scale=scale, valid=valid)
-        merged, _ = merge(out_past.float(), lse_past, out_new.float(), lse_new)
-        out = merged.to(q.dtype)
-    ingest(store, seqs, layer, k, v, valid)
-    return out, stats
+        out = _attend_rows(seqs, layer, q, k, v, scale, valid)
+    ingest(store, seqs, layer, k, v, valid, whole_segments=True)
+    return out
+
+
+def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, scale: float, valid: torch.Tensor | None) -> torch.Tensor:
+    """Each row's valid queries over its stored tokens and its valid new ones."""
+    keep = _valid_tokens(valid, q.shape[0], q.shape[2])
+    out = torch.zeros_like(q) if valid is not None else torch.empty_like(q)
+    rows = [b for b, sel in enumerate(keep) if sel is not None]
+    blocks: list[Blocks] = [
+        [*seqs[b].kv_blocks(layer), (_take(k[b], keep[b]), _take(v[b], keep[b]))]
+        for b in rows]
+    for b, (keys, values) in zip(rows, rows_on_device(blocks, q.device), strict=True):
+        sel = keep[b]
+        o = sdpa_lower_right(_take(q[b], sel), keys, values, scale=scale)
+        if isinstance(sel, slice):
+            out[b, :, sel] = o
+        else:
+            out[b].index_copy_(1, sel, o)
+    return out
+
+
+def _valid_tokens(valid: torch.Tensor | None, B: int,
+                  L: int) -> list[slice | torch.Tensor | None]:
+    """Per row: a slice of its valid tokens when they are the last ones (no padding, or
+    left padding), else their indices; ``None`` for a row of padding only."""
+    if valid is None:
+        return [slice(0, L)] * B
+    counts = valid.sum(1)
+    left = torch.arange(L, device=valid.device)[None, :] >= (L - counts)[:, None]
+    if torch.equal(left, valid):  # one host sync for the whole batch
+        return [slice(L - n, L) if n else None for n in counts.tolist()]
+    return [idx if idx.numel() else None
+            for idx in (row.nonzero().flatten() for row in valid)]
+
+
+def _take(x: torch.Tensor, sel: slice | torch.Tensor) -> torch.Tensor:
+    """``x [H, L, D]`` at the selected tokens (a view for a slice)."""
+    return x[:, sel] if isinstance(sel, slice) else x.index_select(1, sel)

@@ -83,8 +83,14 @@ class LayerState:
         """The placed rows of every segment (``None`` before the first, or unplaced)."""
         return None if self._image is None else self._image.rows
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> list[Segment]:
-        """Add ``[Hkv, T, D]`` tokens; returns the segments this append created."""
+    def append(self, keys: torch.Tensor, values: torch.Tensor, *,
+               whole_segments: bool = False) -> list[Segment]:
+        """Add ``[Hkv, T, D]`` tokens; returns the segments this append created.
+
+        ``whole_segments`` (a prefill chunk): index only whole ``index.segment_tokens``
+        segments, so a prompt is segmented as configured whatever its chunks; the rest
+        waits in the tail for a later append (the first decode step's at the latest).
+        """
         a = self.config.attention
         sink_keys, sink_values = self.sink_keys, self.sink_values
         room = a.sink_tokens - sink_keys.shape[1]
@@ -95,21 +101,24 @@ class LayerState:
         pending_keys = torch.cat([self.pending_keys, keys], dim=1)
         pending_values = torch.cat([self.pending_values, values], dim=1)
         return self._index_tail(sink_keys, sink_values, pending_keys, pending_values,
-                                a.update_tokens)
+                                a.update_tokens, whole_segments)
 
     def seal(self) -> list[Segment]:
         """Index every tail token but the last ``window_tokens`` now, however few (at the
         end of a prefill, so the rows of a batch keep equally long tails); returns the
         segments created."""
         return self._index_tail(self.sink_keys, self.sink_values, self.pending_keys,
-                                self.pending_values, 1)
+                                self.pending_values, 1, False)
 
     def _index_tail(self, sink_keys: torch.Tensor, sink_values: torch.Tensor,
                     pending_keys: torch.Tensor, pending_values: torch.Tensor,
-                    at_least: int) -> list[Segment]:
+                    at_least: int, whole_segments: bool) -> list[Segment]:
         """Make ``sink_*`` and ``pending_*`` the layer's, first indexing all but the last
-        ``window_tokens`` of the tail if that leaves ``at_least`` tokens to index."""
+        ``window_tokens`` of the tail (only whole ``index.segment_tokens`` segments of
+        them, with ``whole_segments``) if that leaves ``at_least`` tokens to index."""
         ready = pending_keys.shape[1] - self.config.attention.window_tokens
+        if whole_segments:
+            ready -= ready % self.config.index.segment_tokens
         new: list[Segment] = []
         image = None
         if ready >= at_least:

@@ -119,9 +119,10 @@ class Sequence:
         self._append(layer, keys, values)
 
     def _append(self, layer: int, keys: torch.Tensor, values: torch.Tensor, *,
-                finite: bool = True) -> None:
+                finite: bool = True, whole_segments: bool = False) -> None:
         """:meth:`append`; ``finite=False`` skips the NaN/Inf scan (a host sync on a
-        device) for a caller that checked the tensors already."""
+        device) for a caller that checked the tensors already; ``whole_segments``: a
+        prefill chunk (:meth:`vecstore.layer.LayerState.append`)."""
         self._check_alive()
         check_index(layer, "layer", self.num_layers)
         shape = (self.num_kv_heads, None, self.head_dim)
@@ -136,7 +137,7 @@ class Sequence:
             check_finite(values, "values")
         dev = self.layers[layer].device
         self._store.append_tokens(self, layer, keys.to(dev).contiguous(),
-                                  values.to(dev).contiguous())
+                                  values.to(dev).contiguous(), whole_segments=whole_segments)
 
     def query(self, layer: int, q: torch.Tensor, *, scale: float | None = None) -> QueryResult:
         """Attention of ``q`` over every stored token of ``layer``.
@@ -189,6 +190,32 @@ class Sequence:
             ids[:, :n] = top.indices.masked_fill(~found, -1)
             scores[:, :n] = top.values
         return SearchResult(ids=ids, scores=scores)
+
+    def kv_blocks(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every token stored in ``layer``, once, as ``[Hkv, n, D]`` key and value blocks.
+
+        The indexed rows (cluster order, where the store keeps them: host memory for
+        ``kvstore.kind = "pinned"``), then the steady zone (sinks and tail); empty blocks
+        left out. Positions are lost in the indexed rows: the blocks serve attention
+        without a mask (a prefill chunk attending to its stored prefix exactly).
+
+        Examples
+        --------
+        >>> from vecstore import Store
+        >>> with Store.open() as store:
+        ...     seq = store.create("b", num_layers=1, num_kv_heads=2, head_dim=8,
+        ...                        dtype=torch.float32)
+        ...     seq.append(0, torch.randn(2, 3000, 8), torch.randn(2, 3000, 8))
+        ...     [tuple(k.shape) for k, _ in seq.kv_blocks(0)]  # indexed rows, steady zone
+        [(2, 2932, 8), (2, 68, 8)]
+        """
+        self._check_alive()
+        state = self.layers[check_index(layer, "layer", self.num_layers)]
+        state.view()  # places segments loaded lazily or rolled back
+        rows = state.rows
+        indexed = ([(rows.keys, rows.values)] if rows is not None
+                   else [(s.keys, s.values) for s in state.segments])
+        return [(k, v) for k, v in (*indexed, state.steady()) if k.shape[1]]
 
     def steady(self, layer: int) -> Steady:
         """The steady zone of ``layer`` as a one-row batch."""

@@ -314,13 +314,15 @@ class Store:
         return self._indexes[self.index_kind(layer)]
 
     def append_tokens(self, seq: Sequence, layer: int, keys: torch.Tensor,
-                      values: torch.Tensor) -> None:
+                      values: torch.Tensor, *, whole_segments: bool = False) -> None:
         """Append validated tokens (called by :meth:`Sequence.append`); durable when it
-        returns, unless inside :meth:`transaction`."""
-        self._writer.append(seq, layer, keys, values)
+        returns, unless inside :meth:`transaction`. ``whole_segments``: a prefill chunk,
+        indexed in whole ``index.segment_tokens`` segments only."""
+        self._writer.append(seq, layer, keys, values, whole_segments=whole_segments)
 
     def append_batch(self, seqs: list[Sequence], layer: int, keys: torch.Tensor,
-                     values: torch.Tensor, *, finite: bool = True) -> None:
+                     values: torch.Tensor, *, finite: bool = True,
+                     whole_segments: bool = False) -> None:
         """Append row ``b`` of ``keys, values`` to ``seqs[b]``, every row in one transaction.
 
         The batched :meth:`Sequence.append` (a decode step of a batch): the arguments are
@@ -338,6 +340,10 @@ class Store:
         finite : bool
             Scan ``keys`` and ``values`` for NaN/Inf first (one host sync on a GPU;
             ``False``: the caller did).
+        whole_segments : bool
+            A prefill chunk: index only whole ``index.segment_tokens`` segments, so a
+            prompt fed in chunks is segmented as configured; the rest stays in the tail
+            until a later append (the first decode step's at the latest) indexes it.
 
         Raises
         ------
@@ -353,7 +359,8 @@ class Store:
         ...     [s.num_tokens for s in seqs]
         [3, 3]
         """
-        self._writer.append_batch(seqs, layer, keys, values, finite=finite)
+        self._writer.append_batch(seqs, layer, keys, values, finite=finite,
+                                  whole_segments=whole_segments)
 
     def seal(self, seqs: list[Sequence], layer: int) -> None:
         """Index every pending token of ``layer`` of ``seqs`` but the last

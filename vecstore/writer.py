@@ -30,15 +30,16 @@ class Writer:
         self._queries = queries
 
     def append(self, seq: Sequence, layer: int, keys: torch.Tensor,
-               values: torch.Tensor) -> None:
+               values: torch.Tensor, *, whole_segments: bool = False) -> None:
         """:meth:`Store.append_tokens <vecstore.store.Store.append_tokens>`."""
         store = self._store
         with store.transaction():
             store._current_txn().touch(seq, layer)
-            seq.layers[layer].append(keys, values)
+            seq.layers[layer].append(keys, values, whole_segments=whole_segments)
 
     def append_batch(self, seqs: list[Sequence], layer: int, keys: torch.Tensor,
-                     values: torch.Tensor, *, finite: bool) -> None:
+                     values: torch.Tensor, *, finite: bool,
+                     whole_segments: bool = False) -> None:
         """:meth:`Store.append_batch <vecstore.store.Store.append_batch>`."""
         self._queries.check_seqs(seqs, layer, stored=False)
         first = seqs[0]
@@ -59,10 +60,10 @@ class Writer:
             for seq in seqs:
                 txn.touch(seq, layer)
             # a decode step of equal tails: two copies for the batch (vecstore.tail)
-            if not append_tails(states, keys, values, a.window_tokens, a.update_tokens,
-                                a.sink_tokens):
+            if whole_segments or not append_tails(states, keys, values, a.window_tokens,
+                                                  a.update_tokens, a.sink_tokens):
                 for b, state in enumerate(states):
-                    state.append(keys[b], values[b])
+                    state.append(keys[b], values[b], whole_segments=whole_segments)
 
     def seal(self, seqs: list[Sequence], layer: int) -> None:
         """:meth:`Store.seal <vecstore.store.Store.seal>`."""

@@ -1,30 +1,30 @@
-"""attention.exact: SDPA-equivalent causal attention, with and without log-sum-exp."""
+"""attention.exact: SDPA-equivalent causal attention, over the step alone or a stored prefix."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import attention.exact as exact
-from attention import attention_with_lse, causal_mask, group_size, repeat_kv, sdpa
+from attention import causal_mask, group_size, repeat_kv, sdpa, sdpa_lower_right
 from tests.reference import rel_err
 from vecstore.errors import ShapeError
 
 
 def _reference(q, k, v, scale, valid=None):
-    """Causal attention in float64 with a key validity mask; returns out, lse."""
+    """Causal attention in float64 with a key validity mask; the last ``Lq`` of the
+    ``S`` keys are the queries' own tokens (lower-right aligned)."""
     B, Hq, L, D = q.shape
+    S = k.shape[2]
     g = Hq // k.shape[1]
     kd = k.double().repeat_interleave(g, 1)
     vd = v.double().repeat_interleave(g, 1)
     logits = scale * q.double() @ kd.transpose(2, 3)
-    allowed = torch.ones(L, L, dtype=torch.bool).tril()[None, None]
+    allowed = torch.ones(L, S, dtype=torch.bool).tril(S - L)[None, None]
     if valid is not None:
         allowed = allowed & valid[:, None, None, :]
     logits = logits.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(logits, -1)
-    probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)
-    return probs @ vd, lse
+    return torch.exp(logits - lse[..., None]).nan_to_num(0.0) @ vd
 
 
 def _qkv(B, Hq, Hkv, L, D, seed=0):
@@ -35,13 +35,18 @@ def _qkv(B, Hq, Hkv, L, D, seed=0):
 
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1), (9, 3)])
 @pytest.mark.parametrize("L", [1, 7, 33])
-def test_both_forms_match_float64_reference(heads, L):
+def test_sdpa_matches_float64_reference(heads, L):
     q, k, v = _qkv(2, *heads, L, 16)
-    ref, ref_lse = _reference(q, k, v, 0.25)
-    out, lse = attention_with_lse(q, k, v, scale=0.25)
-    assert rel_err(out, ref) < 1e-5
-    assert rel_err(lse, ref_lse) < 1e-5
-    assert rel_err(sdpa(q, k, v, scale=0.25), ref) < 1e-5
+    assert rel_err(sdpa(q, k, v, scale=0.25), _reference(q, k, v, 0.25)) < 1e-5
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize(("L", "S"), [(1, 1), (5, 5), (7, 40), (1, 33)])
+def test_lower_right_attends_the_prefix_and_causally_itself(heads, L, S):
+    q, _, _ = _qkv(1, heads[0], heads[1], L, 16, seed=L)
+    _, k, v = _qkv(1, heads[0], heads[1], S, 16, seed=S)
+    out = sdpa_lower_right(q[0], k[0], v[0], scale=0.25)
+    assert rel_err(out, _reference(q, k, v, 0.25)[0]) < 1e-5
 
 
 def test_left_padding_is_never_attended_and_pad_queries_get_zeros():
@@ -49,34 +54,30 @@ def test_left_padding_is_never_attended_and_pad_queries_get_zeros():
     valid = torch.ones(3, 10, dtype=torch.bool)
     valid[1, :4] = False
     valid[2, :9] = False
-    ref, ref_lse = _reference(q, k, v, 0.3, valid)
-    out, lse = attention_with_lse(q, k, v, scale=0.3, valid=valid)
+    ref = _reference(q, k, v, 0.3, valid)
     fast = sdpa(q, k, v, scale=0.3, valid=valid)
-    assert rel_err(out, ref) < 1e-5
     assert rel_err(fast, ref) < 1e-5
-    assert torch.equal(out[1, :, :4], torch.zeros_like(out[1, :, :4]))
     assert torch.equal(fast[2, :, :9], torch.zeros_like(fast[2, :, :9]))
-    assert bool(torch.isneginf(lse[1, :, :4]).all())
-    assert torch.isfinite(lse[valid[:, None, :].expand_as(lse)]).all()
     # a padded key changes nothing for the valid queries
     k2 = k.clone()
     k2[1, :, :4] = 1e3
-    assert torch.allclose(attention_with_lse(q, k2, v, scale=0.3, valid=valid)[0], out)
+    assert torch.allclose(sdpa(q, k2, v, scale=0.3, valid=valid)[1, :, 4:], fast[1, :, 4:])
 
 
-def test_chunked_scores_give_the_same_result(monkeypatch):
-    q, k, v = _qkv(1, 4, 2, 50, 8)
-    whole = attention_with_lse(q, k, v, scale=0.3)
-    monkeypatch.setattr(exact, "_SCORE_BUDGET", 4 * 50 * 3)  # three queries per chunk
-    chunked = attention_with_lse(q, k, v, scale=0.3)
-    assert torch.allclose(whole[0], chunked[0]) and torch.allclose(whole[1], chunked[1])
+def test_lower_right_query_slices_give_the_same_result(monkeypatch):
+    q, _, _ = _qkv(1, 4, 2, 50, 8)
+    _, k, v = _qkv(1, 4, 2, 80, 8, seed=1)
+    whole = sdpa_lower_right(q[0], k[0], v[0], scale=0.3)
+    monkeypatch.setattr("vecstore.slicing.SCORE_BUDGET", 4 * 80 * 3)  # 3 queries a slice
+    sliced = sdpa_lower_right(q[0], k[0], v[0], scale=0.3)
+    assert torch.allclose(whole, sliced, atol=1e-6)
+    assert rel_err(sliced, _reference(q, k, v, 0.3)[0]) < 1e-5
 
 
 def test_output_keeps_the_query_dtype():
     q, k, v = (t.to(torch.bfloat16) for t in _qkv(1, 4, 2, 9, 8))
-    out, lse = attention_with_lse(q, k, v, scale=0.3)
-    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert sdpa(q, k, v, scale=0.3).dtype == torch.bfloat16
+    assert sdpa_lower_right(q[0, :, 3:], k[0], v[0], scale=0.3).dtype == torch.bfloat16
 
 
 def test_causal_mask_and_gqa_helpers():

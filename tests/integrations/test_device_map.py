@@ -30,7 +30,8 @@ def test_model_shape_reports_each_layers_device():
 
 def test_reused_sequence_is_placed_on_each_layers_device():
     model = tiny_model("llama", 4, 2, layers=2)
-    ids = torch.randint(3, 96, (1, 60), generator=torch.Generator().manual_seed(0))
+    # a prompt longer than one index segment (64) past the sinks and the window
+    ids = torch.randint(3, 96, (1, 90), generator=torch.Generator().manual_seed(0))
     with Store.open(config=SMALL) as store:
         with WaveCache(store, model, name="doc") as cache, torch.no_grad():
             model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})

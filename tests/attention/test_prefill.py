@@ -1,0 +1,125 @@
+"""attention.prefill: a prompt fed in chunks attends exactly to its stored prefix (whatever
+the budgets), with padded rows of different lengths, GQA and rows in the pinned tier; and
+the chunks are indexed in whole segments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention import StoreAttention
+from tests.reference import rel_err
+from vecstore import Store
+
+# default budgets (a sparse decode reads ~2 % exactly); small zones so chunks get indexed
+SMALL = {"index": {"tokens_per_cluster": 4, "segment_tokens": 64},
+         "attention": {"sink_tokens": 2, "window_tokens": 6, "update_tokens": 8}}
+
+
+def _reference(q, k, v, valid):
+    """Causal attention of one row in float64 over its valid tokens only: q [Hq, T, D],
+    k, v [Hkv, T, D], valid [T]; padded queries get zeros."""
+    g = q.shape[0] // k.shape[0]
+    kd, vd = k.double().repeat_interleave(g, 0), v.double().repeat_interleave(g, 0)
+    logits = q.double() @ kd.transpose(1, 2) * q.shape[-1] ** -0.5
+    T = q.shape[1]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril() & valid[None, :]
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(logits, -1).nan_to_num(0.0) @ vd
+    return out * valid[None, :, None]
+
+
+def _qkv(B, T, heads, D=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    Hq, Hkv = heads
+    return (torch.randn(B, Hq, T, D, generator=gen), torch.randn(B, Hkv, T, D, generator=gen),
+            torch.randn(B, Hkv, T, D, generator=gen))
+
+
+def _chunked(config, q, k, v, valid, chunk):
+    """Prefill ``q, k, v`` chunk by chunk through StoreAttention; returns the outputs
+    and the sequences (store closed)."""
+    B, Hkv, T, D = k.shape
+    outs = []
+    with Store.open(config=config) as store:
+        seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=Hkv, head_dim=D,
+                             dtype=k.dtype) for b in range(B)]
+        attn = StoreAttention(store, seqs)
+        for s in range(0, T, chunk):
+            part = slice(s, s + chunk)
+            mask = None if valid is None else valid[:, part]
+            outs.append(attn(0, q[:, :, part], k[:, :, part], v[:, :, part], valid=mask))
+        assert attn.decode_stats.queries == 0  # prefill never queries the index
+    return torch.cat(outs, dim=2), seqs
+
+
+@pytest.mark.parametrize("kind", ["memory", "pinned"])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4), (8, 1)])
+def test_chunks_over_a_stored_prefix_are_exact_at_default_budgets(kind, heads):
+    lengths, T, chunk = [230, 171, 30], 230, 40  # row 2 is padding for three chunks
+    q, k, v = _qkv(len(lengths), T, heads, seed=len(heads) + heads[1])
+    valid = torch.arange(T)[None, :] >= torch.tensor([T - n for n in lengths])[:, None]
+    out, seqs = _chunked({**SMALL, "kvstore": {"kind": kind}}, q, k, v, valid, chunk)
+    for b, n in enumerate(lengths):
+        assert rel_err(out[b], _reference(q[b], k[b], v[b], valid[b])) < 1e-5
+        assert torch.equal(out[b, :, :T - n], torch.zeros_like(out[b, :, :T - n]))
+        assert seqs[b].num_tokens == n
+    # the prefix the later chunks read was indexed (rows in the tier), not only steady
+    assert all(len(s.layers[0].segments) >= 2 for s in seqs[:2])
+
+
+def test_padding_that_is_not_left_padding_is_skipped_too():
+    q, k, v = _qkv(2, 90, (4, 2), seed=7)
+    valid = torch.ones(2, 90, dtype=torch.bool)
+    valid[0, 20:35] = False  # a hole inside the prompt
+    valid[1, 70:] = False  # right padding
+    out, seqs = _chunked(SMALL, q, k, v, valid, 30)
+    for b in range(2):
+        assert rel_err(out[b], _reference(q[b], k[b], v[b], valid[b])) < 1e-5
+        assert torch.equal(out[b][:, ~valid[b]], torch.zeros_like(out[b][:, ~valid[b]]))
+    assert [s.num_tokens for s in seqs] == [75, 70]
+
+
+def test_bfloat16_chunks_match_a_one_pass_prefill():
+    q, k, v = (t.bfloat16() for t in _qkv(2, 160, (4, 2), seed=3))
+    chunked, _ = _chunked(SMALL, q, k, v, None, 48)
+    whole, _ = _chunked(SMALL, q, k, v, None, 160)
+    assert chunked.dtype == torch.bfloat16
+    assert rel_err(chunked, whole) < 1e-2
+    assert rel_err(chunked[0], _reference(q[0], k[0], v[0], torch.ones(160, dtype=torch.bool))
+                   ) < 1e-2
+
+
+def test_chunks_are_indexed_in_whole_segments_and_the_rest_at_the_first_decode():
+    q, k, v = _qkv(1, 300, (4, 2), seed=5)
+    with Store.open(config=SMALL) as store:
+        seq = store.create("s", num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+        attn = StoreAttention(store, [seq])
+        for s in range(0, 290, 29):  # 29-token chunks: smaller than a segment (64)
+            attn(0, q[:, :, s:s + 29], k[:, :, s:s + 29], v[:, :, s:s + 29])
+        state = seq.layers[0]
+        assert [g.num_tokens for g in state.segments] == [64] * 4  # 290 - 2 sinks - 6
+        assert state.pending_keys.shape[1] == 290 - 2 - 256
+        attn(0, q[:, :, 290:291], k[:, :, 290:291], v[:, :, 290:291])  # a decode step
+        assert state.pending_keys.shape[1] == 6  # the window: the rest was indexed
+        assert seq.num_tokens == 291
+
+
+@pytest.mark.parametrize("kind", ["memory", "pinned"])
+def test_kv_blocks_hold_every_stored_token_once_read_from_the_tier(kind):
+    gen = torch.Generator().manual_seed(9)
+    k, v = torch.randn(2, 250, 8, generator=gen), torch.randn(2, 250, 8, generator=gen)
+    with Store.open(config={**SMALL, "kvstore": {"kind": kind}}) as store:
+        seq = store.create("s", num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+        for s in range(0, 250, 50):
+            seq.append(0, k[:, s:s + 50], v[:, s:s + 50])
+        blocks = seq.kv_blocks(0)
+        rows = seq.layers[0].rows
+        assert blocks[0][0].data_ptr() == rows.keys.data_ptr()  # the tier's rows, no copy
+        keys = torch.cat([bk for bk, _ in blocks], dim=1)
+        values = torch.cat([bv for _, bv in blocks], dim=1)
+    # the same (key, value) pairs, in another order: sort by the first key coordinate
+    for got, want in ((keys, k), (values, v)):
+        order_got = keys[:, :, 0].argsort(dim=1)[..., None].expand_as(got)
+        order_want = k[:, :, 0].argsort(dim=1)[..., None].expand_as(want)
+        assert torch.equal(got.gather(1, order_got), want.gather(1, order_want))
