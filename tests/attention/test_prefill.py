@@ -101,7 +101,7 @@ def test_chunks_are_indexed_in_whole_segments_and_the_rest_at_the_first_decode()
         assert [g.num_tokens for g in state.segments] == [64] * 4  # 290 - 2 sinks - 6
         assert state.pending_keys.shape[1] == 290 - 2 - 256
         attn(0, q[:, :, 290:291], k[:, :, 290:291], v[:, :, 290:291])  # a decode step
-        assert state.pending_keys.shape[1] == 6  # the window: the rest was indexed
+        assert state.pending_keys.shape[1] == 6 + 1  # the window (the rest was sealed), the token
         assert seq.num_tokens == 291
 
 
