@@ -392,7 +392,7 @@ class Store:
         return self._queries.check(seqs, layer, q, scale, finite=finite, grouped=grouped)
 
     def query(self, seqs: list[Sequence], layer: int, q: torch.Tensor, *,
-              scale: float | None = None, finite: bool = True) -> QueryResult:
+              scale: float | None = None, finite: bool | None = None) -> QueryResult:
         """Attention for a batch of sequences in one call.
 
         Parameters
@@ -405,15 +405,19 @@ class Store:
             ``[B, Hq, L, D]`` queries; row ``b`` attends to every token of ``seqs[b]``.
         scale : float, optional
             Softmax scale, ``1/sqrt(D)`` by default.
-        finite : bool
-            Scan ``q`` for NaN/Inf first (``False``: the caller did; the scan is a host
-            sync when ``q`` is on a GPU).
+        finite : bool, optional
+            Scan ``q`` for NaN/Inf first and raise :class:`InvalidValueError`. ``None``
+            (default): on CPU tensors only, where it costs nothing; on a GPU the scan makes
+            the host wait for the device every query, so there a NaN in ``q`` gives NaN
+            rows of ``out`` (the store is unchanged either way) unless ``finite=True``.
 
         Returns
         -------
         QueryResult
             ``out [B, Hq, L, D]``, ``lse [B, Hq, L]``, stats summed over the batch.
         """
+        if finite is None:
+            finite = not (isinstance(q, torch.Tensor) and q.device.type == "cuda")
         # the grouped float32 copy of q is for search(); the executors take q as given
         _, scale = self._queries.check(seqs, layer, q, scale, finite=finite, grouped=False)
         return self._queries.run(seqs, layer, q, scale)
