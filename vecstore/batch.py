@@ -12,6 +12,7 @@ import torch
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import MemoryAccount, shape_bytes
+from vecstore.tail import TailBuffer
 
 if TYPE_CHECKING:
     from vecstore.layer import LayerState
@@ -143,28 +144,27 @@ def _release(charges: list[tuple[MemoryAccount, int]]) -> None:
 def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     """The steady zones of ``layer`` of ``seqs``, zero-padded to ``[B, Hkv, S, D]``.
 
-    Never waits for the device: a batch whose rows share a :class:`~vecstore.tail.TailBuffer`
-    reads it as it is (``S`` is its capacity, the lengths say how much is filled); other
-    rows of one length are stacked without padding and their lengths filled on the device;
-    only rows of different lengths copy their lengths from (pinned) host memory,
-    asynchronously.
+    Never waits for the device: rows whose sinks are full and whose tails are equally long
+    share a :class:`~vecstore.tail.TailBuffer` (gathered into one at their first query),
+    which is the steady zone as it is (``S`` is its capacity, the lengths say how much is
+    filled, ``persistent``); other rows are zero-padded, their lengths copied from (pinned)
+    host memory, asynchronously.
     """
     states = [s.layers[layer] for s in seqs]
     dev = states[0].device
-    if len(states) > 1 and _same_shapes(states):
+    if _same_shapes(states) and len({id(st) for st in states}) == len(states):
         n = states[0].pending_keys.shape[1]
+        sinks = states[0].sink_keys.shape[1]
         tail = states[0].tail_buffer
+        if sinks == states[0].config.attention.sink_tokens and (
+                tail is None or not tail.holds(states, n)):
+            # the rows' steady zones move into one buffer (once): later queries and decode
+            # appends use it in place
+            a = states[0].config.attention
+            tail = TailBuffer.gather(states, max(a.window_tokens + a.update_tokens, n))
         if tail is not None and tail.holds(states, n):
-            # the shared buffer is the batch's steady zone, at its full capacity
             return Steady(tail.keys, tail.values, torch.full(
-                (len(states),), tail.sinks + n, dtype=torch.long, device=dev))
-        # sinks and tails stacked separately: a few copies for the batch, not one per row
-        keys = torch.cat([torch.stack([st.sink_keys for st in states]),
-                          torch.stack([st.pending_keys for st in states])], dim=2)
-        values = torch.cat([torch.stack([st.sink_values for st in states]),
-                            torch.stack([st.pending_values for st in states])], dim=2)
-        return Steady(keys, values, torch.full((len(states),), keys.shape[2],
-                                               dtype=torch.long, device=dev))
+                (len(states),), tail.sinks + n, dtype=torch.long, device=dev), True)
     parts = [st.steady() for st in states]
     sizes = [k.shape[1] for k, _ in parts]
     S = max(sizes)

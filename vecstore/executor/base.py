@@ -27,11 +27,16 @@ class Steady:
         ``[B, Hkv, S, D]``, padded at the end.
     lengths : torch.Tensor
         ``[B]`` int64 valid rows per sequence.
+    persistent : bool
+        Whether ``keys`` and ``values`` are a buffer that stays where it is from step to
+        step (a :class:`~vecstore.tail.TailBuffer`), written in place: a captured step may
+        read them there rather than from a copy.
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     lengths: torch.Tensor
+    persistent: bool = False
 
 
 @runtime_checkable

@@ -329,17 +329,23 @@ class WaveExecutor:
     def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                 scale: float) -> DecodeResult:
         """Run :meth:`decode` as a CUDA graph, captured once per query shape and steady
-        capacity (a multiple of 256 rows, so a growing steady zone re-captures rarely)."""
+        zone: a ``persistent`` steady zone is read in place (captured per buffer), any other
+        is copied into the graph's own, of a capacity rounded up to 256 rows (so a growing
+        steady zone re-captures rarely)."""
         B, H, S, D = steady.keys.shape
-        cap = -(-S // 256) * 256
-        key = (tuple(q.shape), q.dtype, cap, scale)
+        if steady.persistent:
+            where: tuple = (steady.keys.data_ptr(), steady.values.data_ptr(), S)
+        else:
+            where = (-(-S // 256) * 256,)
+        key = (tuple(q.shape), q.dtype, where, scale)
         g = prep.graph
         if g is None or g.key != key:
             prep.graph = None  # free the old graph's memory before capturing
-            g = prep.graph = self._capture(prep, key, q, steady, cap, scale)
+            g = prep.graph = self._capture(prep, key, q, steady, where, scale)
         g.q.copy_(q)
-        g.steady.keys[:, :, :S].copy_(steady.keys)
-        g.steady.values[:, :, :S].copy_(steady.values)
+        if g.steady.keys is not steady.keys:
+            g.steady.keys[:, :, :S].copy_(steady.keys)
+            g.steady.values[:, :, :S].copy_(steady.values)
         g.steady.lengths.copy_(steady.lengths)
         if prep.buffer is not None:
             prep.buffer.begin_step()
@@ -349,12 +355,16 @@ class WaveExecutor:
         return g.res
 
     def _capture(self, prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady,
-                 cap: int, scale: float) -> CapturedStep:
+                 where: tuple, scale: float) -> CapturedStep:
         B, H, S, D = steady.keys.shape
-        static = Steady(steady.keys.new_zeros(B, H, cap, D), steady.values.new_zeros(B, H, cap, D),
-                        steady.lengths.clone())
-        static.keys[:, :, :S].copy_(steady.keys)
-        static.values[:, :, :S].copy_(steady.values)
+        if steady.persistent:  # read in place; the graph keeps the buffer alive
+            static = Steady(steady.keys, steady.values, steady.lengths.clone(), True)
+        else:
+            cap = where[0]
+            static = Steady(steady.keys.new_zeros(B, H, cap, D),
+                            steady.values.new_zeros(B, H, cap, D), steady.lengths.clone())
+            static.keys[:, :, :S].copy_(steady.keys)
+            static.values[:, :, :S].copy_(steady.values)
         qs = q.clone()
         warm = torch.cuda.Stream(q.device)
         warm.wait_stream(torch.cuda.current_stream(q.device))
