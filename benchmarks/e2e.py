@@ -18,7 +18,9 @@ Caches (``--caches``):
 - ``full``: full attention as vLLM and SGLang run it, the baseline every ratio divides by
   (:mod:`benchmarks.full_attention`: KV preallocated and written in place, flash attention
   over the filled length, prefill included; the decode step -- every layer, the whole
-  forward -- captured in one CUDA graph and replayed, :mod:`benchmarks.full_graph`);
+  forward -- captured in one CUDA graph and replayed, :mod:`benchmarks.full_graph`). Its
+  decode is timed once per ``--full-splits`` value (how many parts flash decoding splits
+  each row's keys into, one graph each, on the same cache) and the fastest is its row;
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor, KV on the GPU;
 - ``wave-pinned``: the same with ``kvstore.kind = "pinned"`` (KV in pinned host memory,
   served through the GPU block cache);
@@ -41,7 +43,7 @@ Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
     python benchmarks/e2e.py [--context 131072] [--batches 1 8 ...] [--layers 4]
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
-                             [--profile] [--out DIR]
+                             [--full-splits 0 2 4 8] [--profile] [--out DIR]
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 # before CUDA starts: growing caches (DynamicCache's concatenations, the store's segments)
@@ -65,30 +66,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, Timer, ceilings, machine  # noqa: E402
 from benchmarks.e2e_profile import PROFILE_STEPS, profile_steps  # noqa: E402
+from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
 from benchmarks.e2e_report import CACHES, kv_read_gb, largest, with_ratios, write  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
 
 MAX_BATCH = 64
 WARMUP_STEPS = 4  # untimed decode steps before the timed ones, for every cache
-MODELS = {  # hidden, q heads, KV heads, head dim, MLP, vocab
-    "llama-3-8b": (4096, 32, 8, 128, 14336, 128256),
-    "tiny": (64, 4, 2, 16, 128, 96),  # for runs on the CPU (tests)
-}
-
-
-def build_model(layers: int, shape: str = "llama-3-8b", device: str = "cuda"):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    hidden, heads, kv_heads, head_dim, mlp, vocab = MODELS[shape]
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
-                      num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv_heads, head_dim=head_dim,
-                      max_position_embeddings=1 << 21, rope_theta=500000.0,
-                      attn_implementation="sdpa")
-    with torch.device(device):
-        return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-
-
 def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
     """Tokens of each row per prefill forward pass (``prefill_chunk`` = 0: all at once)."""
     return context if prefill_chunk <= 0 else max(1, min(context, prefill_chunk // batch))
@@ -107,44 +90,6 @@ def prefill(model, cache, ids: torch.Tensor, chunk: int) -> torch.Tensor:
     return out.logits[:, -1:]
 
 
-def make_cache(name: str, model, batch: int, length: int):
-    """A fresh cache of kind ``name`` for ``batch`` rows that reach ``length`` tokens."""
-    from transformers import DynamicCache, StaticCache
-
-    from benchmarks.full_attention import FullCache
-    from integrations.hf import WaveCache
-
-    device = next(model.parameters()).device
-    if name == "full":
-        return FullCache(model, batch, length)
-    if name == "dynamic":
-        return DynamicCache(config=model.config)
-    if name == "static":
-        return StaticCache(config=model.config, max_cache_len=length)
-    executor = ({"kind": "wave", "device": str(device)} if device.type == "cuda"
-                else {"kind": "torch", "device": "cpu"})
-    config: dict = {"executor": executor}
-    if name == "wave-pinned":
-        config["kvstore"] = {"kind": "pinned"}
-    return WaveCache(config, model)
-
-
-def make_step(name: str, model, cache) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The decode step of ``cache``: next token ids ``[B, 1]`` from the last ones."""
-    if name == "full":
-        from benchmarks.full_graph import DecodeGraph
-
-        graph = DecodeGraph(model, cache)
-        return lambda nxt: graph(nxt)[:, -1:].argmax(-1)
-    kwarg = cache_kwarg(model)
-
-    def step(nxt: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{kwarg: cache})
-        return out.logits[:, -1:].argmax(-1)
-
-    return step
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -152,9 +97,10 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
-        profile_to: Path | None = None) -> dict:
-    """Prefill ``ids`` through ``cache``, then time ``steps`` decode steps; the GPU's busy
-    time per step from :data:`PROFILE_STEPS` more (written out with ``profile_to``)."""
+        profile_to: Path | None = None, splits: tuple[int, ...] = (0,)) -> dict:
+    """Prefill ``ids`` through ``cache``, then time ``steps`` decode steps (``full``: of each
+    number of flash-decoding ``splits`` in turn, keeping the fastest); the GPU's busy time
+    per step from :data:`PROFILE_STEPS` more (written out with ``profile_to``)."""
     device = ids.device
     _sync(device)
     t0 = time.perf_counter()
@@ -163,18 +109,25 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
     prefill_s = time.perf_counter() - t0
     nxt = logits.argmax(-1)
     del logits
-    step = make_step(name, model, cache)
-    for _ in range(WARMUP_STEPS):  # kernel compilation, CUDA graph capture, allocator growth
-        nxt = step(nxt)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        nxt = step(nxt)
-    _sync(device)
-    decode = time.perf_counter() - t0
-    nxt, gpu_ms = profile_steps(step, nxt, device, profile_to)
-    res = {"prefill_s": prefill_s, "decode_s": decode,
-           "tokens_per_s": ids.shape[0] * steps / decode, "step_ms": decode / steps * 1e3}
+    variants = {n: make_step(name, model, cache, n) for n in (splits if name == "full" else (0,))}
+    decode: dict[int, float] = {}
+    for n, step in variants.items():
+        for _ in range(WARMUP_STEPS):  # kernel compilation, CUDA graph capture, allocator
+            nxt = step(nxt)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            nxt = step(nxt)
+        _sync(device)
+        decode[n] = time.perf_counter() - t0
+    best = min(decode, key=decode.__getitem__)
+    nxt, gpu_ms = profile_steps(variants[best], nxt, device, profile_to)
+    res = {"prefill_s": prefill_s, "decode_s": decode[best],
+           "tokens_per_s": ids.shape[0] * steps / decode[best],
+           "step_ms": decode[best] / steps * 1e3}
+    if name == "full":
+        res["num_splits"] = best
+        res["step_ms_by_splits"] = {n: t / steps * 1e3 for n, t in decode.items()}
     if gpu_ms is not None:
         res["gpu_ms"] = gpu_ms
     if device.type == "cuda":
@@ -196,11 +149,13 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
         torch.cuda.reset_peak_memory_stats(device)
     profile_to = (args.out / "e2e_profiles" / f"e2e_profile_{name}_b{batch}.txt"
                   if args.profile else None)
-    length = args.context + WARMUP_STEPS + args.steps + 2 * PROFILE_STEPS
+    variants = len(args.full_splits) if name == "full" else 1
+    length = args.context + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
     cache = None
     try:
         cache = make_cache(name, model, batch, length)
-        res = run(name, model, cache, ids, args.steps, row["prefill_chunk"], profile_to)
+        res = run(name, model, cache, ids, args.steps, row["prefill_chunk"], profile_to,
+                  tuple(args.full_splits))
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
         tokens = length if name == "static" else args.context + WARMUP_STEPS + args.steps // 2
@@ -238,6 +193,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=["full", "wave", "wave-pinned", "dynamic"],
                         help="which caches to run, in this order at each batch (ratios "
                              "divide by full, so include it)")
+    parser.add_argument("--full-splits", type=int, nargs="+", default=[0, 2, 4, 8],
+                        help="full: flash-decoding splits of each row's keys to time, the "
+                             "fastest kept (0: FlashAttention's own choice)")
     parser.add_argument("--profile", action="store_true",
                         help="also write a profile of a few decode steps of each cache and batch")
     parser.add_argument("--model", choices=sorted(MODELS), default="llama-3-8b",
@@ -251,6 +209,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--layers, --context and --steps must be at least 1")
     if len(set(args.caches)) != len(args.caches):
         parser.error("--caches: name each cache once")
+    if any(not 0 <= n <= 128 for n in args.full_splits):
+        parser.error("--full-splits: each must be between 0 and 128")
     return args
 
 

@@ -29,7 +29,7 @@ __all__ = ["flash_varlen", "varlen_reference"]
 
 def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: torch.Tensor,
                  cu_k: torch.Tensor, seqused: torch.Tensor, max_q: int, causal: bool,
-                 scale: float) -> torch.Tensor:
+                 scale: float, num_splits: int = 0) -> torch.Tensor:
     """Attention of ``B`` rows of ``max_q`` queries over their rows of a KV cache.
 
     Parameters
@@ -52,6 +52,10 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: tor
         position when the row's last ``max_q`` keys are these queries' own).
     scale : float
         Softmax scale.
+    num_splits : int
+        How many parts each row's keys are split into when ``max_q`` is 1 (flash
+        decoding; 0: FlashAttention's own choice from the batch, heads and ``S``). The
+        result does not depend on it; the time does.
 
     Returns
     -------
@@ -64,7 +68,7 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: tor
     B, S, H, D = k.shape
     return torch.ops.aten._flash_attention_forward(
         q, k.view(B * S, H, D), v.view(B * S, H, D), cu_q, cu_k, max_q, S, 0.0, causal, False,
-        scale=scale, seqused_k=seqused)[0]
+        scale=scale, seqused_k=seqused, num_splits=num_splits or None)[0]
 
 
 def varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_k: torch.Tensor,

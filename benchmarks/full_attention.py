@@ -131,6 +131,7 @@ class FullCache(Cache):
         self._set_starts(self.start)
         self._cu_q: dict[int, torch.Tensor] = {}
         self.static_slots: torch.Tensor | None = None
+        self.num_splits = 0  # of a decode step's keys (flash decoding); 0: the kernel's choice
         self.step: _Step | None = None
         self._finalizer = weakref.finalize(self, _bind(model, self))
 
@@ -213,8 +214,9 @@ def full_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     layer = cache.layers[module.layer_idx]
     out = flash_varlen(query.transpose(1, 2).reshape(B * L, Hq, D), layer.k, layer.v,
                        cu_q=step.cu_q, cu_k=cache.cu_k, seqused=step.seqused, max_q=L,
-                       causal=L > 1, scale=scaling if scaling is not None else D ** -0.5)
-    return out.view(B, L, Hq, D), None
+                       causal=L > 1, scale=scaling if scaling is not None else D ** -0.5,
+                       num_splits=cache.num_splits)
+    return out.reshape(B, L, Hq, D), None
 
 
 def passthrough_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any,

@@ -40,11 +40,15 @@ class DecodeGraph:
     capture : bool, optional
         Capture and replay a CUDA graph (default: when the cache is on CUDA); ``False``
         runs the same static step eagerly.
+    num_splits : int
+        How many parts flash attention splits each row's keys into (0: its own choice);
+        fixed in the graph at capture. Several graphs of different splits may take turns
+        on one cache.
     """
 
     def __init__(self, model: PreTrainedModel, cache: FullCache, *,
-                 capture: bool | None = None) -> None:
-        self.model, self.cache = model, cache
+                 capture: bool | None = None, num_splits: int = 0) -> None:
+        self.model, self.cache, self.num_splits = model, cache, num_splits
         self.capture = cache.device.type == "cuda" if capture is None else capture
         self.ids = torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.device)
         self.slot = torch.zeros(1, dtype=torch.long, device=cache.device)
@@ -74,12 +78,12 @@ class DecodeGraph:
         """The step on the static buffers (what the graph holds)."""
         cache = self.cache
         positions = self.slot - cache.start[:, None]  # [B, 1]: each row's RoPE position
-        cache.static_slots = self.slot
+        cache.static_slots, cache.num_splits = self.slot, self.num_splits
         try:
             out = self.model(input_ids=self.ids, position_ids=positions, use_cache=True,
                              logits_to_keep=1, **{self._kwarg: cache})
         finally:
-            cache.static_slots = None
+            cache.static_slots, cache.num_splits = None, 0
         return out.logits
 
     def _capture(self) -> None:

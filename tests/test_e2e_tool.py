@@ -91,6 +91,7 @@ def test_arguments():
     args = parse_args([])
     assert args.caches == ["full", "wave", "wave-pinned", "dynamic"]
     assert (args.layers, args.context, args.batches) == (4, 131072, [1, 8])
+    assert args.full_splits == [0, 2, 4, 8]
     args = parse_args(["--layers", "32", "--batches", "1", "2", "3", "4", "--caches", "full",
                        "wave", "wave-pinned", "--steps", "64"])
     assert args.layers == 32 and args.batches == [1, 2, 3, 4] and args.steps == 64
@@ -103,6 +104,7 @@ def test_arguments():
     (["--caches", "full", "sdpa"], "invalid choice: 'sdpa'"),
     (["--caches", "full", "full"], "--caches: name each cache once"),
     (["--layers", "0"], "must be at least 1"),
+    (["--full-splits", "0", "129"], "--full-splits: each must be between 0 and 128"),
 ])
 def test_bad_arguments_are_refused(capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -114,7 +116,7 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
     out = tmp_path / "not" / "yet"  # --profile used to write here before creating it
     main(["--device", "cpu", "--model", "tiny", "--layers", "2", "--context", "24",
           "--batches", "2", "--steps", "2", "--caches", "full", "wave", "dynamic",
-          "--profile", "--out", str(out)])
+          "--full-splits", "0", "4", "--profile", "--out", str(out)])
     result = json.loads((out / "e2e.json").read_text())
     rows = {r["cache"]: r for r in result["rows"]}
     assert set(rows) == {"full", "wave", "dynamic"} and not any("error" in r for r in
@@ -123,6 +125,10 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
         assert rows[name]["vs_full"] == pytest.approx(rows[name]["tokens_per_s"]
                                                       / rows["full"]["tokens_per_s"])
     assert result["meta"]["largest"]["wave"]["batch"] == 2
+    by_splits = rows["full"]["step_ms_by_splits"]  # the fastest variant is full's row
+    assert set(by_splits) == {"0", "4"}
+    assert rows["full"]["step_ms"] == pytest.approx(min(by_splits.values()))
+    assert by_splits[str(rows["full"]["num_splits"])] == pytest.approx(rows["full"]["step_ms"])
     for name in rows:
         assert "decode steps" in (out / "e2e_profiles" / f"e2e_profile_{name}_b2.txt").read_text()
     assert "transformers' defaults" in (out / "e2e.md").read_text()

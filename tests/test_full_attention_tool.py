@@ -101,12 +101,12 @@ def test_static_decode_step_equals_dynamic_cache_without_host_syncs():
                     max_new_tokens=10, do_sample=False)[:, -10:]
     with FullCache(model, 3, 32) as cache, torch.no_grad():
         nxt = _prefill(model, cache, ids, mask)
-        step = DecodeGraph(model, cache)
-        assert not step.capture  # CPU: the static step runs eagerly
+        steps = [DecodeGraph(model, cache), DecodeGraph(model, cache, num_splits=4)]
+        assert not any(s.capture for s in steps)  # CPU: the static step runs eagerly
         tokens = [nxt]
         with HostSyncs() as syncs:
-            for _ in range(9):
-                nxt = step(nxt).argmax(-1)
+            for i in range(9):  # two steps (graphs on CUDA) taking turns on one cache
+                nxt = steps[i % 2](nxt).argmax(-1)
                 tokens.append(nxt)
         assert syncs.total == 0, dict(syncs.count)
         assert cache.get_seq_length() == 13 + 9
@@ -142,11 +142,12 @@ def test_cuda_kernel_equals_reference(L):
     starts, used = [0, 7, 40], [300, 120, 6]
     q, k, v, cu_q, cu_k, seqused = _rows(B, S, Hkv, G, D, L, starts, used, torch.bfloat16,
                                          "cuda")
-    got = flash_varlen(q, k, v, cu_q=cu_q, cu_k=cu_k, seqused=seqused, max_q=L,
-                       causal=L > 1, scale=D ** -0.5)
     want = varlen_reference(q, k, v, cu_k=cu_k, seqused=seqused, max_q=L, causal=L > 1,
                             scale=D ** -0.5)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    for splits in (0, 3):  # the kernel's own choice, then 3 parts of each row (L = 1)
+        got = flash_varlen(q, k, v, cu_q=cu_q, cu_k=cu_k, seqused=seqused, max_q=L,
+                           causal=L > 1, scale=D ** -0.5, num_splits=splits)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.gpu
