@@ -71,6 +71,9 @@ class FullLayer(CacheLayerMixin):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the step's ``[B, Hkv, L, D]`` keys and values at the current position."""
         k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)
+        if k.shape[0] != self.k.shape[0]:
+            raise ShapeError(f"batch: this FullCache holds {self.k.shape[0]} rows, got a "
+                             f"forward pass of {k.shape[0]}")
         slots = self.owner.static_slots
         if slots is not None:  # a static step: the position is on the device
             self.k.index_copy_(1, slots, k)
@@ -154,18 +157,19 @@ class FullCache(Cache):
                                 f"filled and the step brings {new}: create it with a larger "
                                 "max_len")
 
-    def begin(self, attention_mask: torch.Tensor | None, num_new: int, batch: int) -> _Step:
+    def begin(self, attention_mask: torch.Tensor | None, num_new: int) -> _Step:
         """Set the lengths of a forward pass of ``num_new`` tokens a row (layer 0's call,
-        after its ``update``); a 2-D mask on the first pass sets each row's start."""
-        if batch != self.batch:
-            raise ShapeError(f"batch: this FullCache holds {self.batch} rows, got a forward "
-                             f"pass of {batch}")
+        after its ``update``); a 2-D mask on the first pass sets each row's start. A
+        refused mask leaves the cache as it was before the pass."""
         if self.static_slots is not None:
             end: torch.Tensor | int = self.static_slots[-1:] + 1
         else:
             end = self.layers[0].seen
-            if attention_mask is not None and end == num_new:  # the first pass: the prompt
-                self._read_padding(attention_mask)
+            try:
+                self._read_padding(attention_mask, first=end == num_new)
+            except IncompatibleError:
+                self.layers[0].seen -= num_new  # the pass did not happen
+                raise
         if num_new not in self._cu_q:
             self._cu_q[num_new] = torch.arange(0, (self.batch + 1) * num_new, num_new,
                                                dtype=torch.int32, device=self.device)
@@ -178,10 +182,15 @@ class FullCache(Cache):
         for layer in self.layers:
             layer.seen += tokens
 
-    def _read_padding(self, mask: torch.Tensor) -> None:
-        if mask.dim() != 2 or mask.shape[0] != self.batch:
+    def _read_padding(self, mask: torch.Tensor | None, *, first: bool) -> None:
+        """Check the pass's mask; on the first pass (the prompt) set each row's start."""
+        if mask is None:
+            return
+        if mask.dim() != 2:
             raise IncompatibleError(f"attention_mask: FullCache takes a 2-D [batch, tokens] "
                                     f"padding mask, got shape {tuple(mask.shape)}")
+        if not first:
+            return
         mask = mask.bool()
         if not bool((mask[:, 1:] >= mask[:, :-1]).all()):  # once, on the prompt
             raise IncompatibleError("attention_mask: FullCache takes left padding only (each "
@@ -210,7 +219,7 @@ def full_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         raise IncompatibleError("FullCache runs inference with full attention only (no "
                                 "dropout, no sliding window)")
     B, Hq, L, D = query.shape
-    step = (cache.begin(attention_mask, L, B) if module.layer_idx == 0 else cache.step)
+    step = cache.begin(attention_mask, L) if module.layer_idx == 0 else cache.step
     layer = cache.layers[module.layer_idx]
     out = flash_varlen(query.transpose(1, 2).reshape(B * L, Hq, D), layer.k, layer.v,
                        cu_q=step.cu_q, cu_k=cache.cu_k, seqused=step.seqused, max_q=L,

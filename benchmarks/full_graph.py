@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from benchmarks.full_attention import FullCache
 from integrations.hf.cache import cache_kwarg
+from vecstore.errors import ShapeError
 
 __all__ = ["DecodeGraph"]
 
@@ -59,6 +60,9 @@ class DecodeGraph:
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """Decode the next token of every row: ``ids [B, 1]`` in, ``logits [B, 1, V]`` out
         (on CUDA the graph's output buffer: read it before the next call)."""
+        if ids.shape != self.ids.shape:
+            raise ShapeError(f"ids: this step decodes {tuple(self.ids.shape)} token ids "
+                             f"([batch, 1]), got {tuple(ids.shape)}")
         seen = self.cache.get_seq_length()
         self.cache.check_room(seen, 1)
         self.ids.copy_(ids)
@@ -94,6 +98,8 @@ class DecodeGraph:
                 self._step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: a CUDA call of another thread (a store's bookkeeping worker) during
+        # the capture neither fails nor spoils it; this thread's calls are still checked
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.logits = self._step()
         self.graph = graph

@@ -113,7 +113,7 @@ def test_static_decode_step_equals_dynamic_cache_without_host_syncs():
     assert torch.equal(torch.cat(tokens, dim=1), want)
 
 
-def test_bad_input_is_refused():
+def test_bad_input_is_refused_and_leaves_the_cache_as_it_was():
     model = tiny_model("llama")
     kw = cache_kwarg(model)
     ids = torch.randint(3, 96, (2, 6))
@@ -121,14 +121,20 @@ def test_bad_input_is_refused():
         with pytest.raises(IncompatibleError, match="left padding only"):
             right = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
             model(input_ids=ids, attention_mask=right, use_cache=True, **{kw: cache})
-    with FullCache(model, 2, 8) as cache, torch.no_grad():
+        with pytest.raises(IncompatibleError, match="2-D"):
+            dense = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+            model(input_ids=ids, attention_mask=dense, use_cache=True, **{kw: cache})
         with pytest.raises(ShapeError, match="holds 2 rows"):
             model(input_ids=ids[:1], use_cache=True, **{kw: cache})
-    with FullCache(model, 2, 8) as cache, torch.no_grad():
-        model(input_ids=ids, use_cache=True, **{kw: cache})
+        assert cache.get_seq_length() == 0
+        left = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+        model(input_ids=ids, attention_mask=left, use_cache=True, **{kw: cache})
+        assert cache.get_seq_length() == 6 and cache.start.tolist() == [1, 0]
         with pytest.raises(CapacityError, match="larger max_len"):
             model(input_ids=ids[:, :3], use_cache=True, **{kw: cache})
         step = DecodeGraph(model, cache)
+        with pytest.raises(ShapeError, match=r"decodes \(2, 1\) token ids"):
+            step(ids[:1, :1])
         step(ids[:, :1])
         step(ids[:, :1])
         with pytest.raises(CapacityError, match="holds 8 tokens"):
