@@ -44,6 +44,7 @@ Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
                              [--full-splits 0 2 4 8] [--profile] [--out DIR]
+                             [--model tiny --device cpu]   (a CPU run, as the tests do)
 """
 
 from __future__ import annotations
@@ -65,13 +66,15 @@ from tqdm import tqdm  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, Timer, ceilings, machine  # noqa: E402
-from benchmarks.e2e_profile import PROFILE_STEPS, profile_steps  # noqa: E402
 from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
+from benchmarks.e2e_profile import PROFILE_STEPS, profile_steps  # noqa: E402
 from benchmarks.e2e_report import CACHES, kv_read_gb, largest, with_ratios, write  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
 
 MAX_BATCH = 64
 WARMUP_STEPS = 4  # untimed decode steps before the timed ones, for every cache
+
+
 def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
     """Tokens of each row per prefill forward pass (``prefill_chunk`` = 0: all at once)."""
     return context if prefill_chunk <= 0 else max(1, min(context, prefill_chunk // batch))
@@ -111,10 +114,12 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
     del logits
     variants = {n: make_step(name, model, cache, n) for n in (splits if name == "full" else (0,))}
     decode: dict[int, float] = {}
+    filled: dict[int, int] = {}  # tokens a row holds when the timed steps start
     for n, step in variants.items():
         for _ in range(WARMUP_STEPS):  # kernel compilation, CUDA graph capture, allocator
             nxt = step(nxt)
         _sync(device)
+        filled[n] = cache.get_seq_length()
         t0 = time.perf_counter()
         for _ in range(steps):
             nxt = step(nxt)
@@ -124,7 +129,7 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
     nxt, gpu_ms = profile_steps(variants[best], nxt, device, profile_to)
     res = {"prefill_s": prefill_s, "decode_s": decode[best],
            "tokens_per_s": ids.shape[0] * steps / decode[best],
-           "step_ms": decode[best] / steps * 1e3}
+           "step_ms": decode[best] / steps * 1e3, "mean_tokens": filled[best] + steps // 2}
     if name == "full":
         res["num_splits"] = best
         res["step_ms_by_splits"] = {n: t / steps * 1e3 for n, t in decode.items()}
@@ -158,7 +163,7 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
                   tuple(args.full_splits))
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
-        tokens = length if name == "static" else args.context + WARMUP_STEPS + args.steps // 2
+        tokens = length if name == "static" else res["mean_tokens"]
         res["kv_read_gb"] = kv_read_gb(model.config, name, batch, tokens, res)
         res["kv_read_gbs"] = res["kv_read_gb"] / res["step_ms"] * 1e3
         row.update(res)
