@@ -69,6 +69,7 @@ from benchmarks.common import RESULTS, Timer, ceilings, machine  # noqa: E402
 from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
 from benchmarks.e2e_profile import PROFILE_STEPS, profile_steps  # noqa: E402
 from benchmarks.e2e_report import CACHES, kv_read_gb, largest, with_ratios, write  # noqa: E402
+from benchmarks.flash_varlen import SPLITS_SUPPORTED  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
 
 MAX_BATCH = 64
@@ -112,7 +113,9 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
     prefill_s = time.perf_counter() - t0
     nxt = logits.argmax(-1)
     del logits
-    variants = {n: make_step(name, model, cache, n) for n in (splits if name == "full" else (0,))}
+    if name != "full" or not SPLITS_SUPPORTED:  # an older PyTorch: its own choice only
+        splits = (0,)
+    variants = {n: make_step(name, model, cache, n) for n in splits}
     decode: dict[int, float] = {}
     filled: dict[int, int] = {}  # tokens a row holds when the timed steps start
     for n, step in variants.items():
@@ -154,7 +157,7 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
         torch.cuda.reset_peak_memory_stats(device)
     profile_to = (args.out / "e2e_profiles" / f"e2e_profile_{name}_b{batch}.txt"
                   if args.profile else None)
-    variants = len(args.full_splits) if name == "full" else 1
+    variants = len(args.full_splits) if name == "full" and SPLITS_SUPPORTED else 1
     length = args.context + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
     cache = None
     try:

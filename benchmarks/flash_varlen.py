@@ -24,7 +24,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["flash_varlen", "varlen_reference"]
+from vecstore.errors import BackendUnavailableError
+
+__all__ = ["SPLITS_SUPPORTED", "flash_varlen", "varlen_reference"]
+
+SPLITS_SUPPORTED = any(a.name == "num_splits" for a in
+                       torch.ops.aten._flash_attention_forward.default._schema.arguments)
+"""Whether this PyTorch's flash attention takes ``num_splits`` (recent releases do; older
+ones choose the split themselves, as ``num_splits=0`` does)."""
 
 
 def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: torch.Tensor,
@@ -57,18 +64,28 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: tor
         decoding; 0: FlashAttention's own choice from the batch, heads and ``S``). The
         result does not depend on it; the time does.
 
+    Raises
+    ------
+    BackendUnavailableError
+        If ``num_splits`` is set and this PyTorch cannot take it
+        (:data:`SPLITS_SUPPORTED`).
+
     Returns
     -------
     torch.Tensor
         ``[B * max_q, Hq, D]`` in ``q``'s dtype; a query with no key to see gives zeros.
     """
+    if num_splits and not SPLITS_SUPPORTED:
+        raise BackendUnavailableError("num_splits: this PyTorch's flash attention chooses "
+                                      "the split itself; pass 0")
     if not q.is_cuda:
         return varlen_reference(q, k, v, cu_k=cu_k, seqused=seqused, max_q=max_q,
                                 causal=causal, scale=scale)
     B, S, H, D = k.shape
+    extra = {"num_splits": num_splits} if num_splits else {}
     return torch.ops.aten._flash_attention_forward(
         q, k.view(B * S, H, D), v.view(B * S, H, D), cu_q, cu_k, max_q, S, 0.0, causal, False,
-        scale=scale, seqused_k=seqused, num_splits=num_splits or None)[0]
+        scale=scale, seqused_k=seqused, **extra)[0]
 
 
 def varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_k: torch.Tensor,
