@@ -47,7 +47,6 @@ class _Step:
 
     cu_q: torch.Tensor
     seqused: torch.Tensor
-    max_q: int
 
 
 class FullLayer(CacheLayerMixin):
@@ -173,8 +172,7 @@ class FullCache(Cache):
         if num_new not in self._cu_q:
             self._cu_q[num_new] = torch.arange(0, (self.batch + 1) * num_new, num_new,
                                                dtype=torch.int32, device=self.device)
-        self.step = _Step(cu_q=self._cu_q[num_new], seqused=(end - self.start).to(torch.int32),
-                          max_q=num_new)
+        self.step = _Step(cu_q=self._cu_q[num_new], seqused=(end - self.start).to(torch.int32))
         return self.step
 
     def advance(self, tokens: int) -> None:
