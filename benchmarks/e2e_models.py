@@ -1,0 +1,70 @@
+"""What ``benchmarks/e2e.py`` runs: the model and each cache with its decode step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from integrations.hf.cache import cache_kwarg
+
+__all__ = ["MODELS", "build_model", "make_cache", "make_step"]
+
+MODELS = {  # hidden, q heads, KV heads, head dim, MLP, vocab
+    "llama-3-8b": (4096, 32, 8, 128, 14336, 128256),
+    "tiny": (64, 4, 2, 16, 128, 96),  # for runs on the CPU (tests)
+}
+
+
+def build_model(layers: int, shape: str = "llama-3-8b", device: str = "cuda"):
+    """A bf16 Llama of ``layers`` layers, shaped as ``MODELS[shape]``, random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, heads, kv_heads, head_dim, mlp, vocab = MODELS[shape]
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=1 << 21, rope_theta=500000.0,
+                      attn_implementation="sdpa")
+    with torch.device(device):
+        return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+
+def make_cache(name: str, model, batch: int, length: int):
+    """A fresh cache of kind ``name`` for ``batch`` rows that reach ``length`` tokens."""
+    from transformers import DynamicCache, StaticCache
+
+    from benchmarks.full_attention import FullCache
+    from integrations.hf import WaveCache
+
+    device = next(model.parameters()).device
+    if name == "full":
+        return FullCache(model, batch, length)
+    if name == "dynamic":
+        return DynamicCache(config=model.config)
+    if name == "static":
+        return StaticCache(config=model.config, max_cache_len=length)
+    executor = ({"kind": "wave", "device": str(device)} if device.type == "cuda"
+                else {"kind": "torch", "device": "cpu"})
+    config: dict = {"executor": executor}
+    if name == "wave-pinned":
+        config["kvstore"] = {"kind": "pinned"}
+    return WaveCache(config, model)
+
+
+def make_step(name: str, model, cache, num_splits: int = 0
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The decode step of ``cache``: next token ids ``[B, 1]`` from the last ones (``full``:
+    a CUDA graph whose flash decoding splits each row's keys in ``num_splits``)."""
+    if name == "full":
+        from benchmarks.full_graph import DecodeGraph
+
+        graph = DecodeGraph(model, cache, num_splits=num_splits)
+        return lambda nxt: graph(nxt)[:, -1:].argmax(-1)
+    kwarg = cache_kwarg(model)
+
+    def step(nxt: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{kwarg: cache})
+        return out.logits[:, -1:].argmax(-1)
+
+    return step
