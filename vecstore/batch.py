@@ -163,8 +163,7 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
             a = states[0].config.attention
             tail = TailBuffer.gather(states, max(a.window_tokens + a.update_tokens, n))
         if tail is not None and tail.holds(states, n):
-            return Steady(tail.keys, tail.values, torch.full(
-                (len(states),), tail.sinks + n, dtype=torch.long, device=dev), True)
+            return Steady(tail.keys, tail.values, tail.lengths(n), True)
     parts = [st.steady() for st in states]
     sizes = [k.shape[1] for k, _ in parts]
     S = max(sizes)

@@ -151,7 +151,8 @@ class QueryEngine:
         layers = []
         for layer in range(first.num_layers):
             states = [s.layers[layer] for s in seqs]
-            if (states[0].device != q.device or len({id(st) for st in states}) != len(seqs)
+            if (states[0].device != first.layers[0].device
+                    or len({id(st) for st in states}) != len(seqs)
                     or any(st.pending_keys.shape[1] != n
                            or st.sink_keys.shape[1] != a.sink_tokens for st in states)):
                 return None

@@ -24,6 +24,20 @@ class TailBuffer:
     keys: torch.Tensor
     values: torch.Tensor
     sinks: int
+    _lengths: torch.Tensor | None = None
+    _filled: int = -1  # what ``_lengths`` holds
+
+    def lengths(self, n: int) -> torch.Tensor:
+        """``[B]`` int64 on the buffer's device: ``sinks + n`` for every row. The same tensor
+        each time (filled again only when ``n`` changes), so a captured step may read it in
+        place."""
+        if self._lengths is None:
+            self._lengths = torch.empty(self.keys.shape[0], dtype=torch.long,
+                                        device=self.keys.device)
+        if self._filled != n:
+            self._lengths.fill_(self.sinks + n)
+            self._filled = n
+        return self._lengths
 
     @property
     def capacity(self) -> int:

@@ -28,9 +28,9 @@ class Steady:
     lengths : torch.Tensor
         ``[B]`` int64 valid rows per sequence.
     persistent : bool
-        Whether ``keys`` and ``values`` are a buffer that stays where it is from step to
-        step (a :class:`~vecstore.tail.TailBuffer`), written in place: a captured step may
-        read them there rather than from a copy.
+        Whether ``keys``, ``values`` and ``lengths`` stay where they are from step to step
+        and are updated in place (a :class:`~vecstore.tail.TailBuffer`): a captured step may
+        read them there rather than from copies.
     """
 
     keys: torch.Tensor

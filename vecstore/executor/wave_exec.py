@@ -132,15 +132,14 @@ class WaveExecutor:
         assert view is not None
         prep = self.prepare(view, layer, index)
         B, Hq, _, D = q.shape
-        q2 = q[:, :, 0].contiguous()
         if self.use_graphs and q.device.type == "cuda":
-            res = self._replay(prep, steady, q2, scale)
+            res = self._replay(prep, steady, q[:, :, 0], scale)
             assert prep.graph is not None and prep.graph.stats is not None
             values = prep.graph.stats.clone()
         else:
             if prep.buffer is not None:
                 prep.buffer.begin_step()
-            res = self.decode(prep, steady, q2, scale)
+            res = self.decode(prep, steady, q[:, :, 0].contiguous(), scale)
             if prep.buffer is not None:
                 prep.buffer.finish_step()
             values = step_stats(res, steady.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
@@ -334,7 +333,8 @@ class WaveExecutor:
         steady zone re-captures rarely)."""
         B, H, S, D = steady.keys.shape
         if steady.persistent:
-            where: tuple = (steady.keys.data_ptr(), steady.values.data_ptr(), S)
+            where: tuple = (steady.keys.data_ptr(), steady.values.data_ptr(),
+                            steady.lengths.data_ptr(), S)
         else:
             where = (-(-S // 256) * 256,)
         key = (tuple(q.shape), q.dtype, where, scale)
@@ -346,7 +346,8 @@ class WaveExecutor:
         if g.steady.keys is not steady.keys:
             g.steady.keys[:, :, :S].copy_(steady.keys)
             g.steady.values[:, :, :S].copy_(steady.values)
-        g.steady.lengths.copy_(steady.lengths)
+        if g.steady.lengths is not steady.lengths:
+            g.steady.lengths.copy_(steady.lengths)
         if prep.buffer is not None:
             prep.buffer.begin_step()
         g.graph.replay()
@@ -358,14 +359,14 @@ class WaveExecutor:
                  where: tuple, scale: float) -> CapturedStep:
         B, H, S, D = steady.keys.shape
         if steady.persistent:  # read in place; the graph keeps the buffer alive
-            static = Steady(steady.keys, steady.values, steady.lengths.clone(), True)
+            static = steady
         else:
             cap = where[0]
             static = Steady(steady.keys.new_zeros(B, H, cap, D),
                             steady.values.new_zeros(B, H, cap, D), steady.lengths.clone())
             static.keys[:, :, :S].copy_(steady.keys)
             static.values[:, :, :S].copy_(steady.values)
-        qs = q.clone()
+        qs = q.contiguous().clone()
         warm = torch.cuda.Stream(q.device)
         warm.wait_stream(torch.cuda.current_stream(q.device))
         with torch.cuda.stream(warm):  # compiles the kernels; a real step for the buffer
