@@ -156,13 +156,15 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
         n = states[0].pending_keys.shape[1]
         sinks = states[0].sink_keys.shape[1]
         tail = states[0].tail_buffer
-        if sinks == states[0].config.attention.sink_tokens and (
-                tail is None or not tail.holds(states, n)):
+        held = tail is not None and tail.holds(states, n)
+        if not held and sinks == states[0].config.attention.sink_tokens:
             # the rows' steady zones move into one buffer (once): later queries and decode
             # appends use it in place
             a = states[0].config.attention
             tail = TailBuffer.gather(states, max(a.window_tokens + a.update_tokens, n))
-        if tail is not None and tail.holds(states, n):
+            held = True
+        if held:
+            assert tail is not None
             return Steady(tail.keys, tail.values, tail.lengths(n), True)
     parts = [st.steady() for st in states]
     sizes = [k.shape[1] for k, _ in parts]

@@ -24,7 +24,7 @@ import torch
 from vecstore.errors import InvalidValueError
 from vecstore.executor.base import Steady
 from vecstore.executor.wave_state import PreparedView, step_stats
-from vecstore.tail import TailBuffer
+from vecstore.tail import TailBuffer, writing
 
 if TYPE_CHECKING:
     from vecstore.executor.wave_exec import WaveExecutor
@@ -81,7 +81,8 @@ class BatchDecoder:
         self.finite = torch.ones(len(layers), dtype=torch.bool, device=dev)
         self.bad_col = torch.full((1,), _NONE, dtype=torch.long, device=dev)
         self.stats = torch.zeros(len(layers), 5, dtype=torch.float64, device=dev)
-        self.steps = 0  # steps advanced whose stats are in ``stats``
+        self.steps = 0  # steps advanced
+        self._taken: tuple[int, torch.Tensor | None] = (0, None)  # by take_stats
         # the flag's host copy (pinned on CUDA), read without a device sync
         self._bad_host = torch.full((1,), _NONE, dtype=torch.long,
                                     pin_memory=dev.type == "cuda")
@@ -122,7 +123,8 @@ class BatchDecoder:
                 step.prep.buffer.finish_step()
         self._expect = [self._heads(step) for step in self.layers]
         self.steps += 1
-        self._bad_host.copy_(self.bad_col, non_blocking=True)
+        with writing(self._bad_host):
+            self._bad_host.copy_(self.bad_col, non_blocking=True)
         if self._bad_ready is not None:
             self._bad_ready.record()
 
@@ -152,26 +154,27 @@ class BatchDecoder:
         """``(queries, [5] float64 sums on the device)`` of the stats since the last call:
         the :class:`~vecstore.types.QueryStats` fields summed over layers and steps (the
         estimated mass too: divide by ``queries`` for its mean)."""
-        queries = self.steps * len(self.layers)
+        steps, before = self._taken
         totals = self.stats.sum(dim=0)
-        self.stats.zero_()
-        self.steps = 0
-        return queries, totals
+        self._taken = (self.steps, totals)
+        queries = (self.steps - steps) * len(self.layers)
+        return queries, totals if before is None else totals - before
 
     def _truncate(self, tail_tokens: int) -> None:
         """Tails back to ``tail_tokens`` tokens; later columns zeroed, the flags reset."""
         self.tail_tokens = tail_tokens
         col = self.sinks + tail_tokens
-        for step in self.layers:
-            step.tail.keys[:, :, col:].zero_()
-            step.tail.values[:, :, col:].zero_()
-            step.tail.extend(step.states, tail_tokens)
+        with writing(self.col):
+            for step in self.layers:
+                step.tail.keys[:, :, col:].zero_()
+                step.tail.values[:, :, col:].zero_()
+                step.tail.extend(step.states, tail_tokens)
+            self.col.fill_(col)
+            self.lengths.fill_(col + 1)
+            self.finite.fill_(True)
+            self.bad_col.fill_(_NONE)
+            self._bad_host.fill_(_NONE)
         self._expect = [self._heads(step) for step in self.layers]
-        self.col.fill_(col)
-        self.lengths.fill_(col + 1)
-        self.finite.fill_(True)
-        self.bad_col.fill_(_NONE)
-        self._bad_host.fill_(_NONE)
 
     @staticmethod
     def _heads(step: LayerStep) -> list[tuple[torch.Tensor, int]]:
@@ -187,20 +190,22 @@ class BatchDecoder:
         """
         step = self.layers[layer]
         tail = step.tail
-        tail.keys.index_copy_(2, self.col, k)
-        tail.values.index_copy_(2, self.col, v)
-        self.finite[layer] = torch.isfinite(torch.cat([q.flatten(), k.flatten(),
-                                                       v.flatten()])).all()
-        res = self.executor.decode(step.prep, Steady(tail.keys, tail.values, self.lengths),
-                                   q[:, :, 0], scale)
-        self.stats[layer].add_(step_stats(res, self.lengths, step.prep.tokens_total,
-                                          step.kv_heads))
+        with writing(self.col):
+            tail.keys.index_copy_(2, self.col, k)
+            tail.values.index_copy_(2, self.col, v)
+            self.finite[layer] = torch.isfinite(torch.cat([q.flatten(), k.flatten(),
+                                                           v.flatten()])).all()
+            res = self.executor.decode(step.prep, Steady(tail.keys, tail.values,
+                                                         self.lengths), q[:, :, 0], scale)
+            self.stats[layer].add_(step_stats(res, self.lengths, step.prep.tokens_total,
+                                              step.kv_heads))
         return res.out[:, :, None]
 
     def end(self) -> None:
         """Close a step on the device: note its column if anything was not finite, and
         move the write column on. Device work only."""
-        bad = torch.where(self.finite.all(), _NONE, self.col)
-        torch.minimum(self.bad_col, bad, out=self.bad_col)
-        self.col += 1
-        self.lengths += 1
+        with writing(self.col):
+            bad = torch.where(self.finite.all(), _NONE, self.col)
+            torch.minimum(self.bad_col, bad, out=self.bad_col)
+            self.col += 1
+            self.lengths += 1

@@ -12,7 +12,14 @@ import torch
 if TYPE_CHECKING:
     from vecstore.layer import LayerState
 
-__all__ = ["TailBuffer", "append_tails"]
+__all__ = ["TailBuffer", "append_tails", "writing"]
+
+
+def writing(t: torch.Tensor) -> torch.inference_mode:
+    """A context in which ``t`` may be updated in place whether or not the caller is in
+    inference mode: tensors made under ``torch.inference_mode`` (a prefill there) may only
+    be written there, others anywhere."""
+    return torch.inference_mode(t.is_inference())
 
 
 @dataclass(eq=False, slots=True)
@@ -35,7 +42,8 @@ class TailBuffer:
             self._lengths = torch.empty(self.keys.shape[0], dtype=torch.long,
                                         device=self.keys.device)
         if self._filled != n:
-            self._lengths.fill_(self.sinks + n)
+            with writing(self._lengths):
+                self._lengths.fill_(self.sinks + n)
             self._filled = n
         return self._lengths
 
@@ -114,7 +122,8 @@ def append_tails(states: list[LayerState], keys: torch.Tensor, values: torch.Ten
             or buf.keys.shape[3] != D or buf.keys.dtype != keys.dtype
             or buf.keys.device != keys.device or not buf.holds(states, n)):
         buf = TailBuffer.gather(states, max(window + update, n + T))
-    buf.keys[:, :, sinks + n:sinks + n + T].copy_(keys)
-    buf.values[:, :, sinks + n:sinks + n + T].copy_(values)
+    with writing(buf.keys):
+        buf.keys[:, :, sinks + n:sinks + n + T].copy_(keys)
+        buf.values[:, :, sinks + n:sinks + n + T].copy_(values)
     buf.extend(states, n + T)
     return True

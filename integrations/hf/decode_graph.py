@@ -27,6 +27,7 @@ import torch
 
 from vecstore.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError
+from vecstore.tail import writing
 
 if TYPE_CHECKING:
     from integrations.hf.cache import WaveCache
@@ -172,7 +173,8 @@ class DecodeGraph:
             given = kwargs.get(name)
             if given is None and name == "position_ids":
                 given = self._positions(kwargs["input_ids"])
-            static.copy_(given)
+            with writing(static):
+                static.copy_(given)
 
     # -- helpers -------------------------------------------------------------------------
     def _key(self, kwargs: dict[str, Any]) -> tuple:

@@ -120,3 +120,23 @@ def test_forward_is_restored_whatever_order_caches_close():
     assert "forward" not in model.__dict__ and model.forward == plain
     with WaveCache(WAVE, model, cuda_graphs=False):
         assert "forward" not in model.__dict__
+
+
+def test_inference_mode_decoding_then_stats_and_queries_outside():
+    model = tiny_model("llama", 4, 2)
+    ids, mask = left_padded([40, 40], seed=6)
+    kw = cache_kwarg(model)
+    with WaveCache(WAVE, model, cuda_graphs=True) as cache:
+        _wave(cache)
+        with torch.inference_mode():  # buffers made here are inference tensors
+            model(ids, use_cache=True, **{kw: cache})
+            for _ in range(4):
+                model(ids[:, -1:], use_cache=True, **{kw: cache})
+        assert cache.graph.static_steps == 3
+        assert cache.decode_stats.queries == 4 * 2  # read outside inference mode
+        assert cache.decode_stats.queries == 4 * 2  # and again: nothing counted twice
+        with torch.no_grad():  # decoding goes on outside inference mode
+            for _ in range(2):
+                model(ids[:, -1:], use_cache=True, **{kw: cache})
+        assert cache.decode_stats.queries == 6 * 2
+        assert [s.num_tokens for s in cache.sequences] == [46, 46]
