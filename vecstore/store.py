@@ -22,6 +22,7 @@ from vecstore.errors import (
 from vecstore.executor.base import Executor, build_executor
 from vecstore.index.base import INDEXES, Index
 from vecstore.kvstore.placement import Placement
+from vecstore.plugins import check_plugins
 from vecstore.query_engine import QueryEngine
 from vecstore.sequence import Sequence
 from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
@@ -108,15 +109,19 @@ class Store:
             if read_only:
                 raise InvalidValueError("read_only: only a store with a path can be opened "
                                         "read-only")
-            return cls(load_config(config))
+            cfg = load_config(config)
+            check_plugins(cfg)
+            return cls(cfg)
         given = None if config is None else load_config(config)
+        if given is not None:
+            check_plugins(given)
         persistence, cfg = Persistence.open(path, given, read_only=read_only)
         try:
             store = cls(cfg, persistence.layout.root, persistence=persistence)
             store._seqs.update(persistence.attach(store))
             store.placement.check_fits(list(store._seqs.values()))
         except BaseException:
-            persistence.close()
+            persistence.discard()
             raise
         return store
 

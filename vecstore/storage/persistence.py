@@ -8,7 +8,6 @@ leaves only unnamed files (removed by ``gc``); after it, everything is on disk.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 from functools import partial
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vecstore.catalog.catalog import Catalog
 from vecstore.catalog.records import (
     Commit,
     FileRecord,
@@ -30,8 +28,6 @@ from vecstore.catalog.records import (
 from vecstore.checks import parse_dtype
 from vecstore.config import StoreConfig
 from vecstore.errors import (
-    CatalogError,
-    ConfigError,
     CorruptionError,
     IncompatibleError,
     SequenceDroppedError,
@@ -45,9 +41,8 @@ from vecstore.storage.codec import (
     encode_segment,
 )
 from vecstore.storage.files import fsync_dir, make_dir, map_verified, write_atomic
-from vecstore.storage.layout import StoreLayout, store_path
 from vecstore.storage.lazy_layer import LazyLayer, LoadedLayer
-from vecstore.storage.lock import WriteLock
+from vecstore.storage.opening import Opened, open_store
 from vecstore.storage.transaction import LayerMark, Transaction
 
 if TYPE_CHECKING:
@@ -63,12 +58,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 class Persistence:
     """The on-disk side of one open store (catalog, lock, data files)."""
 
-    def __init__(self, layout: StoreLayout, catalog: Catalog, lock: WriteLock | None,
-                 stored: StoreConfig) -> None:
-        self.layout = layout
-        self.catalog = catalog
-        self.stored_config = stored
-        self._lock = lock
+    def __init__(self, opened: Opened) -> None:
+        self.layout = opened.layout
+        self.catalog = opened.catalog
+        self.stored_config = opened.stored
+        self._lock = opened.lock
+        self._opened = opened
         self._dirs: dict[Sequence, str] = {}
 
     @property
@@ -80,41 +75,15 @@ class Persistence:
     def open(cls, path: object, given: StoreConfig | None, *,
              read_only: bool) -> tuple[Persistence, StoreConfig]:
         """Open (or, for a writer, create) the store at ``path``; returns it and the
-        configuration to run with."""
-        layout = StoreLayout(store_path(path))
-        lock = None
-        if read_only:
-            layout.check_is_store()
-        else:
-            layout.check_can_create()
-            make_dir(layout.root)
-            lock = WriteLock(layout.lock)
-        try:
-            if not layout.is_store():
-                layout.check_can_create()
-                _initialize(layout, (given or StoreConfig()).to_dict())
-            if lock is not None:
-                make_dir(layout.data)
-            catalog = Catalog.open(layout.catalog, read_only=read_only)
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        try:
-            stored = _stored_config(catalog)
-            if given is not None:
-                conflicts = given.conflicts_with(stored)
-                if conflicts:
-                    raise IncompatibleError(
-                        f"config conflicts with the store at {layout.root}: "
-                        f"{'; '.join(conflicts)}. These settings are fixed when a store is "
-                        "created; open it with config=None to use the stored ones")
-        except BaseException:
-            catalog.close()
-            if lock is not None:
-                lock.release()
-            raise
-        return cls(layout, catalog, lock, stored), given or stored
+        configuration to run with. A failed open changes nothing on disk."""
+        opened = open_store(path, given, read_only=read_only)
+        return cls(opened), given or opened.stored
+
+    def discard(self) -> None:
+        """Close, and remove whatever opening the store created (a store created by an
+        open that then failed)."""
+        self.close()
+        self._opened.undo()
 
     def attach(self, store: Store) -> dict[str, Sequence]:
         """Sequences of the catalog's snapshot, their layers loading lazily."""
@@ -280,24 +249,3 @@ class Persistence:
         if self._lock is not None:
             self._lock.release()
 
-
-def _initialize(layout: StoreLayout, config: dict[str, object]) -> None:
-    tmp = layout.catalog_tmp
-    for leftover in (tmp, *(tmp.with_name(tmp.name + s) for s in ("-journal", "-wal", "-shm"))):
-        leftover.unlink(missing_ok=True)
-    Catalog.initialize(tmp, config)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, layout.catalog)
-    fsync_dir(layout.root)
-
-
-def _stored_config(catalog: Catalog) -> StoreConfig:
-    try:
-        return StoreConfig.from_dict(catalog.config)
-    except ConfigError as exc:
-        raise CatalogError(f"catalog {catalog.path}: its stored config cannot be read by "
-                           f"this vecstore ({exc})") from None
