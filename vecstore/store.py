@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from vecstore.checks import check_new_sequence
+from vecstore.checks import check_device, check_new_sequence
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import (
     AlreadyExistsError,
@@ -218,11 +218,21 @@ class Store:
             1-128 characters of letters, digits, ``.``, ``_``, ``-``; starts with a
             letter or digit.
         num_layers, num_kv_heads, head_dim : int
-            The model's attention shape.
+            The model's attention shape, each 1 to 4096.
         dtype : torch.dtype | str
             ``float32``, ``float16`` or ``bfloat16``.
         device : str | torch.device, optional
-            Where the sequence's tensors live (``executor.device`` by default).
+            Where the sequence's tensors live: ``cpu``, ``cuda`` or ``cuda:N``
+            (``executor.device`` by default).
+
+        Raises
+        ------
+        InvalidValueError
+            A bad name, shape, dtype, fingerprint or device.
+        BackendUnavailableError
+            ``device`` is a CUDA device this machine lacks.
+        AlreadyExistsError
+            ``name`` is taken.
         fingerprint : str, optional
             Identifies the model that produced the KV; integrations check it on reuse.
         """
@@ -230,7 +240,8 @@ class Store:
         torch_dtype = check_new_sequence(
             name, {"num_layers": num_layers, "num_kv_heads": num_kv_heads,
                    "head_dim": head_dim}, fingerprint, dtype)
-        dev = torch.device(device if device is not None else self.config.executor.device)
+        dev = check_device(device if device is not None else self.config.executor.device,
+                           "device")
         with self.transaction():
             if name in self._seqs:
                 raise AlreadyExistsError(f"sequence {name!r} already exists")
