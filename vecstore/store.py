@@ -299,14 +299,19 @@ class Store:
             report.raise_if_bad()
         return report
 
-    def gc(self) -> GcReport:
+    def gc(self, *, force: bool = False) -> GcReport:
         """Delete files under ``data/`` that no catalog row names (left by crashes or
-        interrupted drops) and truncate the catalog's WAL. Needs a writer."""
+        interrupted drops) and truncate the catalog's WAL. Needs a writer.
+
+        Files newer than the catalog's last commit and its ``-wal`` may hold commits the
+        catalog lost with its ``-wal`` file (``verify`` reports them); they are kept, and
+        listed in :attr:`GcReport.kept`, unless ``force``.
+        """
         with self._lock:
             disk = self._disk("gc")
             if disk.read_only:
                 raise ReadOnlyError(f"gc: store {self.path} was opened read-only")
-            return collect_garbage(disk)
+            return collect_garbage(disk, force=force)
 
     def _disk(self, what: str) -> Persistence:
         self.check_open()

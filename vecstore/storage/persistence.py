@@ -25,13 +25,16 @@ from vecstore.catalog.records import (
     NewSequence,
     SequenceRecord,
 )
-from vecstore.checks import parse_dtype
+from vecstore.checks import MAX_DIMENSION, SUPPORTED_DTYPES, check_device, parse_device
 from vecstore.config import StoreConfig
 from vecstore.errors import (
+    BackendUnavailableError,
     CorruptionError,
     IncompatibleError,
+    InvalidValueError,
     SequenceDroppedError,
 )
+from vecstore.index.base import INDEXES
 from vecstore.sequence import Sequence
 from vecstore.storage.codec import (
     SegmentShape,
@@ -40,8 +43,11 @@ from vecstore.storage.codec import (
     encode_chunk,
     encode_segment,
 )
-from vecstore.storage.files import fsync_dir, make_dir, map_verified, write_atomic
+from vecstore.storage.blame import map_checked
+from vecstore.storage.files import fsync_dir, make_dir, write_atomic
 from vecstore.storage.lazy_layer import LazyLayer, LoadedLayer
+from vecstore.storage.oserrors import os_errors
+from vecstore.storage.orphans import mark_dropped
 from vecstore.storage.opening import Opened, open_store
 from vecstore.storage.transaction import LayerMark, Transaction
 
@@ -89,10 +95,9 @@ class Persistence:
         """Sequences of the catalog's snapshot, their layers loading lazily."""
         seqs = {}
         for rec in self.catalog.load():
-            dtype = parse_dtype(rec.dtype)
-            device = torch.device(store.config.executor.device
-                                  if rec.device == self.stored_config.executor.device
-                                  else rec.device)
+            dtype, device = self._check_record(rec)
+            if rec.device == self.stored_config.executor.device:
+                device = torch.device(store.config.executor.device)
             seq = Sequence(store, rec.name, num_layers=rec.num_layers,
                            num_kv_heads=rec.num_kv_heads, head_dim=rec.head_dim, dtype=dtype,
                            device=device, fingerprint=rec.fingerprint)
@@ -105,14 +110,36 @@ class Persistence:
             seqs[rec.name] = seq
         return seqs
 
+    def _check_record(self, rec: SequenceRecord) -> tuple[torch.dtype, torch.device]:
+        """The dtype and device of a sequence row, checked (a row forged with a matching
+        checksum may still hold values no sequence can have)."""
+        bad = f"catalog {self.catalog.path} is corrupt: sequence {rec.name!r} records"
+        if rec.dtype not in SUPPORTED_DTYPES:
+            raise CorruptionError(f"{bad} dtype {rec.dtype!r}, not one of "
+                                  f"{sorted(SUPPORTED_DTYPES)}")
+        for what in ("num_layers", "num_kv_heads", "head_dim"):
+            value = getattr(rec, what)
+            if not isinstance(value, int) or not 1 <= value <= MAX_DIMENSION:
+                raise CorruptionError(f"{bad} {what} = {value!r}")
+        try:
+            device = parse_device(rec.device, "device")
+        except InvalidValueError:
+            raise CorruptionError(f"{bad} device {rec.device!r}") from None
+        return SUPPORTED_DTYPES[rec.dtype], device
+
     def _lazy_layer(self, store: Store, rec: SequenceRecord, lr: LayerRecord,
                     dtype: torch.dtype, device: torch.device) -> LazyLayer:
         kind = store.index_kind(lr.layer)
         built = {s.index_kind for s in lr.segments}
-        if built - {kind}:
+        if lr.index_kind not in INDEXES or (built and built != {lr.index_kind}):
+            raise CorruptionError(
+                f"catalog {self.catalog.path} is corrupt: sequence {rec.name!r} layer "
+                f"{lr.layer} records index kind {lr.index_kind!r} but its segments "
+                f"{sorted(built)}")
+        if built and lr.index_kind != kind:
             raise IncompatibleError(
                 f"sequence {rec.name!r} layer {lr.layer} was indexed with "
-                f"{sorted(built)} (stored), but the given config indexes it with {kind!r} "
+                f"{lr.index_kind!r} (stored), but the given config indexes it with {kind!r} "
                 f"(layers.{lr.layer}.exact or index.kind); open with the stored settings")
         loader = partial(self._load_layer, rec, lr, dtype, device)
         return LazyLayer(rec.num_kv_heads, rec.head_dim, dtype, device,
@@ -125,6 +152,13 @@ class Persistence:
     def _load_layer(self, rec: SequenceRecord, lr: LayerRecord, dtype: torch.dtype,
                     device: torch.device) -> LoadedLayer:
         H, D = rec.num_kv_heads, rec.head_dim
+        try:
+            check_device(device, "device")
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(
+                f"sequence {rec.name!r} lives on {device}, which this machine lacks ({exc}). "
+                "Sequences on the store's executor.device follow the executor.device given "
+                "at open: open with {'executor': {'device': 'cpu'}} to load them here") from None
         where = f"catalog {self.catalog.path}: sequence {rec.name!r} layer {lr.layer}"
         sk, sv = decode_chunks([c for c in lr.chunks if c.zone == "sink"], H, D, dtype, where)
         pk, pv = decode_chunks([c for c in lr.chunks if c.zone == "tail"], H, D, dtype, where)
@@ -132,7 +166,7 @@ class Persistence:
         for s in lr.segments:
             path = self.layout.resolve(s.file.path)
             try:
-                buf = map_verified(path, s.file)
+                buf = map_checked(path, s.file, self.catalog.path)
             except FileNotFoundError:
                 if not self.catalog.sequence_exists(rec.id):
                     raise SequenceDroppedError(
@@ -162,6 +196,7 @@ class Persistence:
         plan = Commit()
         written: list[Path] = []
         new_dirs: list[Path] = []
+        dropping: list[Path] = []
         try:
             fresh: dict[Sequence, str] = {}
             for kind, seq in txn.events:
@@ -171,13 +206,15 @@ class Persistence:
                     del fresh[seq]
                 elif seq in self._dirs:
                     plan.dropped.append(seq.name)
+                    dropping.append(self.layout.data / self._dirs[seq])
             for seq, directory in fresh.items():
                 plan.created.append(NewSequence(
                     seq.name, directory, seq.num_kv_heads, seq.head_dim, dtype_name(seq.dtype),
                     str(seq.device), seq.fingerprint,
                     tuple(store.index_kind(i) for i in range(seq.num_layers))))
                 new_dirs.append(self.layout.data / directory)
-                make_dir(new_dirs[-1])
+                with os_errors(self.layout.root, "commit to store"):
+                    make_dir(new_dirs[-1])
             touched = set(fresh)
             for (seq, layer), mark in txn.marks.items():
                 if seq.is_dropped:
@@ -190,8 +227,10 @@ class Persistence:
             plan.sequence_tokens = {s.name: s.num_tokens for s in touched}
             if plan.is_empty:
                 return
-            for d in {p.parent for p in written}:
-                fsync_dir(d)
+            with os_errors(self.layout.root, "commit to store"):
+                for d in {p.parent for p in written}:
+                    fsync_dir(d)
+            mark_dropped(dropping)
             gone = self.catalog.commit(plan)
         except BaseException:
             for p in written:
@@ -248,4 +287,5 @@ class Persistence:
         self.catalog.close()
         if self._lock is not None:
             self._lock.release()
+
 
