@@ -162,3 +162,14 @@ def test_missing_stores_and_bad_toml(tmp_path):
     with pytest.raises(ConfigError, match=r"cfg\.toml.*not UTF-8"):
         Store.open(tmp_path / "s", config=toml)
     assert not (tmp_path / "s").exists()
+
+
+def test_cli_errors_speak_to_a_shell_user(tmp_path, capsys):
+    from vecstore.cli import main
+
+    built_copy(tmp_path / "s")
+    with Store.open(tmp_path / "s"):
+        for argv in (["gc", str(tmp_path / "s")], ["drop", str(tmp_path / "s"), "a"]):
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert "close that writer first" in err and "=True" not in err
