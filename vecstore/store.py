@@ -101,9 +101,16 @@ class Store:
         NotFoundError
             ``read_only`` and no store exists at ``path``.
         InvalidValueError
-            ``path`` is malformed, a file, or a non-empty directory that is no store.
-        CorruptionError, SchemaVersionError
-            The catalog is damaged or from an incompatible vecstore.
+            ``path`` is malformed, a file, a non-empty directory that is no store, or
+            unusable (a file as a component, a component too long, a loop of links).
+        ConfigError
+            ``config`` is invalid or names an unknown index, clusterer, executor or policy.
+        StorageError
+            The system refused (permissions, read-only media for a writer, a full disk).
+        CorruptionError, SchemaVersionError, CatalogError
+            The catalog is damaged, from an incompatible vecstore, or no vecstore catalog.
+
+        A failed open leaves the directory exactly as it was.
         """
         if path is None:
             if read_only:
@@ -224,6 +231,8 @@ class Store:
         device : str | torch.device, optional
             Where the sequence's tensors live: ``cpu``, ``cuda`` or ``cuda:N``
             (``executor.device`` by default).
+        fingerprint : str, optional
+            Identifies the model that produced the KV; integrations check it on reuse.
 
         Raises
         ------
@@ -233,8 +242,6 @@ class Store:
             ``device`` is a CUDA device this machine lacks.
         AlreadyExistsError
             ``name`` is taken.
-        fingerprint : str, optional
-            Identifies the model that produced the KV; integrations check it on reuse.
         """
         self.check_open()
         torch_dtype = check_new_sequence(

@@ -46,9 +46,9 @@ from vecstore.storage.codec import (
 from vecstore.storage.blame import map_checked
 from vecstore.storage.files import fsync_dir, make_dir, write_atomic
 from vecstore.storage.lazy_layer import LazyLayer, LoadedLayer
-from vecstore.storage.oserrors import os_errors
-from vecstore.storage.orphans import mark_dropped
 from vecstore.storage.opening import Opened, open_store
+from vecstore.storage.orphans import mark_dropped
+from vecstore.storage.oserrors import os_errors
 from vecstore.storage.transaction import LayerMark, Transaction
 
 if TYPE_CHECKING:
