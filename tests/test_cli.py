@@ -50,6 +50,7 @@ def test_drop_and_gc(tmp_path, capsys):
     orphan = tmp_path / "s" / "data" / "deadbeefdeadbeef" / "0000-000000000000.safetensors"
     orphan.parent.mkdir()
     orphan.write_bytes(b"left by a crash")
+    os.utime(orphan, (1e9, 1e9))  # older than the last commit: a leftover, not a lost commit
     assert main(["drop", str(tmp_path / "s"), "a"]) == 0
     assert "dropped 'a'" in capsys.readouterr().out
     assert main(["drop", str(tmp_path / "s"), "a"]) == 1

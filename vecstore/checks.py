@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from vecstore.errors import InvalidValueError, ShapeError
+from vecstore.errors import BackendUnavailableError, InvalidValueError, ShapeError
 
 __all__ = ["check_tensor", "check_finite", "check_all_finite", "check_index", "check_name",
-           "check_positive_int", "parse_dtype", "SUPPORTED_DTYPES"]
+           "check_positive_int", "check_device", "parse_device", "parse_dtype",
+           "SUPPORTED_DTYPES", "MAX_DIMENSION"]
 
 SUPPORTED_DTYPES = {
     "float32": torch.float32,
@@ -64,8 +65,16 @@ def check_tensor(
     return x
 
 
+def _check_has_data(x: torch.Tensor, name: str) -> None:
+    if x.is_meta:
+        raise ShapeError(f"{name}: is on the meta device, which holds no values; pass a "
+                         "tensor on the CPU or a CUDA device")
+
+
 def check_finite(x: torch.Tensor, name: str) -> None:
-    """Raise :class:`InvalidValueError` if ``x`` holds NaN or Inf (a host sync on a device)."""
+    """Raise :class:`InvalidValueError` if ``x`` holds NaN or Inf (a host sync on a device),
+    :class:`ShapeError` if it holds no values at all (the ``meta`` device)."""
+    _check_has_data(x, name)
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
         raise InvalidValueError(f"{name}: contains {bad} NaN/Inf value(s)")
@@ -75,6 +84,8 @@ def check_all_finite(**tensors: torch.Tensor) -> None:
     """:func:`check_finite` of several tensors with one host sync for all of them (they
     must share a device); raises naming the first, in argument order, that is not."""
     items = list(tensors.items())
+    for name, t in items:
+        _check_has_data(t, name)
     ok = torch.stack([torch.isfinite(t).all() for _, t in items]).tolist()
     for (name, t), good in zip(items, ok, strict=True):
         if not good:
@@ -90,15 +101,74 @@ def check_index(value: object, name: str, upper: int) -> int:
     return value
 
 
-def check_positive_int(value: object, name: str) -> int:
-    """Return ``value`` if it is an int ``>= 1`` (not a bool), else raise
-    :class:`InvalidValueError` naming ``name``."""
+MAX_DIMENSION = 4096
+"""Largest ``num_layers``, ``num_kv_heads`` and ``head_dim`` a sequence may have."""
+
+
+def check_positive_int(value: object, name: str, upper: int | None = None) -> int:
+    """Return ``value`` if it is an int ``>= 1`` (not a bool) and at most ``upper``, else
+    raise :class:`InvalidValueError` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidValueError(f"{name}: expected a positive integer, got {value!r}")
+    if upper is not None and value > upper:
+        raise InvalidValueError(f"{name}: expected at most {upper}, got {value}")
     return value
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DEVICE = "'cpu', 'cuda' or 'cuda:N'"
+
+
+def parse_device(value: object, name: str, *, allow_meta: bool = False) -> torch.device:
+    """``value`` (a ``str`` or ``torch.device``) as a device vecstore runs on: ``cpu`` or
+    ``cuda[:N]`` (and ``meta`` with ``allow_meta``); checks the form only.
+
+    Examples
+    --------
+    >>> parse_device("cuda:1", "device")
+    device(type='cuda', index=1)
+    >>> parse_device("tpu", "device")
+    Traceback (most recent call last):
+    ...
+    vecstore.errors.InvalidValueError: device: expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'
+    """
+    kinds = ("cpu", "cuda", "meta") if allow_meta else ("cpu", "cuda")
+    dev = None
+    if isinstance(value, torch.device):
+        dev = value
+    elif isinstance(value, str):
+        try:
+            dev = torch.device(value)
+        except (RuntimeError, ValueError):
+            dev = None
+    if dev is None or dev.type not in kinds:
+        raise InvalidValueError(f"{name}: expected {_DEVICE}, got {value!r}")
+    return dev
+
+
+def check_device(value: object, name: str, *, allow_meta: bool = False) -> torch.device:
+    """:func:`parse_device`, then check that the device exists here.
+
+    Raises
+    ------
+    InvalidValueError
+        Not a device of a kind vecstore runs on.
+    BackendUnavailableError
+        A CUDA device this torch cannot see.
+    """
+    dev = parse_device(value, name, allow_meta=allow_meta)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                f"{name}: {value!r} needs CUDA, but this torch sees no CUDA device "
+                "(torch.cuda.is_available() is False); use 'cpu'")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise BackendUnavailableError(f"{name}: {value!r} does not exist; this machine "
+                                          f"has {count} CUDA device(s)")
+    return dev
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_name(name: object) -> None:
@@ -110,7 +180,7 @@ def check_name(name: object) -> None:
     InvalidValueError
         Naming the rule and the value.
     """
-    if not isinstance(name, str) or not _NAME.match(name) or name in {".", ".."}:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in {".", ".."}:
         raise InvalidValueError(
             f"name: expected 1-128 characters of letters, digits, '.', '_', '-' starting "
             f"with a letter or digit, got {name!r}")
@@ -128,7 +198,7 @@ def check_new_sequence(name: object, shape: dict[str, object], fingerprint: obje
     """
     check_name(name)
     for arg, value in shape.items():
-        check_positive_int(value, arg)
+        check_positive_int(value, arg, MAX_DIMENSION)
     if fingerprint is not None and not isinstance(fingerprint, str):
         raise InvalidValueError(f"fingerprint: expected a str or None, got {fingerprint!r}")
     return parse_dtype(dtype)

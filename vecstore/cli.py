@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_drop)
     p = sub.add_parser("gc", help="remove files no catalog row names (left by crashes)")
     p.add_argument("path", help="store directory")
+    p.add_argument("--force", action="store_true",
+                   help="also remove files newer than the catalog's last commit (kept by "
+                        "default: they may hold commits lost with the catalog's -wal file)")
     p.set_defaults(run=_gc)
     sub.add_parser("demo", help="generate with a Hugging Face model through vecstore "
                                 "(arguments go to the demo; try 'vecstore demo --help')")
@@ -105,8 +108,12 @@ def _drop(ns: argparse.Namespace) -> int:
 
 def _gc(ns: argparse.Namespace) -> int:
     with Store.open(ns.path) as store:
-        report = store.gc()
+        report = store.gc(force=ns.force)
     for rel in report.removed:
         print(f"removed {rel}")
     print(f"freed {report.bytes_freed} bytes in {len(report.removed)} files and directories")
-    return 0
+    for rel in report.kept:
+        print(f"vecstore gc: kept {rel}: newer than the catalog's last commit, it may hold a "
+              "commit lost with the catalog's -wal file (see 'vecstore verify'); "
+              "'vecstore gc --force' removes it", file=sys.stderr)
+    return 1 if report.kept else 0

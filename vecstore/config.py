@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vecstore.config_parse import layers_from, reject_unknown, section_from
+from vecstore.config_parse import check_fields, layers_from, reject_unknown, section_from
 from vecstore.errors import ConfigError
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "StoreConfig",
     "load_config",
 ]
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 _FIXED_FOR_STORE = ("index.kind", "index.tokens_per_cluster", "index.segment_tokens",
                     "index.kmeans_iters", "index.page_tokens", "attention.sink_tokens",
@@ -85,6 +88,7 @@ class IndexConfig:
     radius_weight: float = 0.5
 
     def __post_init__(self) -> None:
+        check_fields(self, "index")
         _check(self.tokens_per_cluster >= 1, "index.tokens_per_cluster", "must be >= 1")
         _check(self.segment_tokens >= self.tokens_per_cluster, "index.segment_tokens",
                f"must be >= tokens_per_cluster ({self.tokens_per_cluster})")
@@ -124,6 +128,7 @@ class AttentionConfig:
     update_tokens: int = 1024
 
     def __post_init__(self) -> None:
+        check_fields(self, "attention")
         _check(self.sink_tokens >= 0, "attention.sink_tokens", "must be >= 0")
         _check(self.window_tokens >= 0, "attention.window_tokens", "must be >= 0")
         _check(0.0 < self.retrieval_budget <= 1.0, "attention.retrieval_budget",
@@ -150,6 +155,9 @@ class ClusterConfig:
     kind: str = "torch"
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        check_fields(self, "cluster")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheConfig:
@@ -168,6 +176,7 @@ class CacheConfig:
     capacity: float = 0.05
 
     def __post_init__(self) -> None:
+        check_fields(self, "cache")
         _check(0.0 < self.capacity <= 1.0, "cache.capacity",
                f"must be in (0, 1], got {self.capacity}")
 
@@ -195,8 +204,9 @@ class ExecutorConfig:
     buffer_factor: float = 4.0
 
     def __post_init__(self) -> None:
+        check_fields(self, "executor")
         _check(self.buffer_factor >= 1.0, "executor.buffer_factor", "must be >= 1")
-        _check(self.device == "cpu" or self.device.startswith("cuda"), "executor.device",
+        _check(_DEVICE.fullmatch(self.device) is not None, "executor.device",
                f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
 
 
@@ -224,6 +234,7 @@ class KVStoreConfig:
     gpu_budget_gb: float = 0.0
 
     def __post_init__(self) -> None:
+        check_fields(self, "kvstore")
         _check(self.kind in ("memory", "pinned"), "kvstore.kind",
                f"must be 'memory' or 'pinned', got {self.kind!r}")
         _check(self.pinned_budget_gb >= 0, "kvstore.pinned_budget_gb", "must be >= 0")
@@ -250,6 +261,7 @@ class LayerOverride:
     estimation_budget: float | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self, "layers.*")
         if self.retrieval_budget is not None:
             _check(0.0 < self.retrieval_budget <= 1.0, "layers.*.retrieval_budget",
                    f"must be in (0, 1], got {self.retrieval_budget}")
@@ -298,9 +310,18 @@ class StoreConfig:
     layers: dict[int, LayerOverride] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for layer in self.layers:
-            _check(isinstance(layer, int) and layer >= 0, f"layers.{layer}",
-                   "layer keys must be non-negative integers")
+        for name, cls in _SECTIONS.items():
+            value = getattr(self, name)
+            _check(isinstance(value, cls), name,
+                   f"expected an instance of {cls.__name__}, got {type(value).__name__} "
+                   "(StoreConfig.from_dict builds one from nested mappings)")
+        _check(isinstance(self.layers, dict), "layers",
+               f"expected a dict of LayerOverride, got {type(self.layers).__name__}")
+        for layer, override in self.layers.items():
+            _check(isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0,
+                   f"layers.{layer}", "layer keys must be non-negative integers")
+            _check(isinstance(override, LayerOverride), f"layers.{layer}",
+                   f"expected a LayerOverride, got {type(override).__name__}")
 
     def for_layer(self, layer: int) -> LayerConfig:
         """Effective settings of ``layer``."""
@@ -344,6 +365,9 @@ class StoreConfig:
                 data = tomllib.load(fh)
         except OSError as exc:
             raise ConfigError(f"config file {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r}: not UTF-8 text, as TOML must be "
+                              f"({exc.reason} at byte {exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r}: {exc}") from None
         return cls.from_dict(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from typing import Any, TypeVar
 
 from vecstore.errors import ConfigError
 
-__all__ = ["reject_unknown", "coerce", "section_from", "layers_from"]
+__all__ = ["reject_unknown", "coerce", "check_fields", "section_from", "layers_from"]
 
 T = TypeVar("T")
 
@@ -21,8 +22,8 @@ def reject_unknown(data: Mapping[str, Any], known: Mapping[str, Any], prefix: st
     for key in data:
         if key not in known:
             close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
 
 
 def coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -50,6 +51,23 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
     return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(obj: Any, section: str) -> None:
+    """Check every field of the config dataclass ``obj`` against its annotation, naming
+    keys ``section.field`` (so one built directly gets the checks of a parsed one); an
+    int given for a float field becomes a float."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        checked = coerce(value, hints[f.name], f"{section}.{f.name}")
+        if checked is not value:
+            object.__setattr__(obj, f.name, checked)
 
 
 def section_from(cls: type, value: Any, prefix: str) -> Any:

@@ -25,6 +25,7 @@ __all__ = [
     "BackendUnavailableError",
     "IncompatibleError",
     "CapacityError",
+    "StorageError",
 ]
 
 
@@ -90,3 +91,9 @@ class IncompatibleError(VecstoreError, ValueError):
 
 class CapacityError(VecstoreError, RuntimeError):
     """A configured memory budget is too small for the requested work."""
+
+
+class StorageError(VecstoreError, OSError):
+    """The operating system refused a store's file (disk full, permission denied,
+    read-only media, I/O error); the message names the path, and what was being written
+    is rolled back."""

@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vecstore.checks import check_finite, check_index, check_positive_int, check_tensor
+from vecstore.checks import (
+    check_device,
+    check_finite,
+    check_index,
+    check_positive_int,
+    check_tensor,
+)
 from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
@@ -53,12 +59,15 @@ class Sequence:
         ]
 
     def __repr__(self) -> str:
+        tokens = "dropped" if self.is_dropped else f"tokens={self.layers[0].num_tokens}"
         return (f"Sequence({self.name!r}, layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, dtype={self.dtype}, tokens={self.num_tokens})")
+                f"head_dim={self.head_dim}, dtype={self.dtype}, {tokens})")
 
     @property
     def num_tokens(self) -> int:
         """Tokens stored in layer 0 (every layer holds as many once a step has finished)."""
+        if self.is_dropped:
+            raise SequenceDroppedError(f"sequence {self.name!r} was dropped")
         return self.layers[0].num_tokens
 
     @property
@@ -72,8 +81,9 @@ class Sequence:
         Parameters
         ----------
         devices : list[str | torch.device]
-            One device per layer. Queries of a layer then run on that layer's device and
-            return results there; appends are moved there.
+            One device per layer (``cpu``, ``cuda``, ``cuda:N``; or ``meta``, which holds
+            shapes only: tests stand it in for a second device). Queries of a layer then
+            run on that layer's device and return results there; appends are moved there.
 
         Examples
         --------
@@ -89,15 +99,14 @@ class Sequence:
         if not isinstance(devices, (list, tuple)) or len(devices) != self.num_layers:
             raise InvalidValueError(f"devices: expected a list of {self.num_layers} devices "
                                     f"(one per layer), got {devices!r}")
-        try:
-            targets = [torch.device(d) for d in devices]
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidValueError(f"devices: {exc}") from None
+        targets = [check_device(d, f"devices[{i}]", allow_meta=True)
+                   for i, d in enumerate(devices)]
         for state, target in zip(self.layers, targets, strict=True):
             state.to(target)
 
     def tokens(self, layer: int) -> int:
         """Tokens stored in ``layer``."""
+        self._check_alive()
         return self.layers[check_index(layer, "layer", self.num_layers)].num_tokens
 
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -170,14 +179,17 @@ class Sequence:
         q : torch.Tensor
             ``[Hq, L, D]`` queries (ranking sums over the GQA group and the L tokens).
         k : int
-            Units to return per KV head; heads with fewer units are padded with
-            id ``-1`` and score ``-inf``.
+            Units to return per KV head, at most the layer's tokens (a unit holds at least
+            one); heads with fewer units are padded with id ``-1`` and score ``-inf``.
         """
         self._check_alive()
         check_positive_int(k, "k")
         check_index(layer, "layer", self.num_layers)
         qg, scale = self._store.check_query([self], layer, _as_batch(q), scale)
         state = self.layers[layer]
+        if k > state.num_tokens:
+            raise InvalidValueError(f"k: expected at most {state.num_tokens} (the tokens of "
+                                    f"layer {layer}; an index unit holds one or more), got {k}")
         view = state.view()
         H = self.num_kv_heads
         ids = torch.full((H, k), -1, dtype=torch.long, device=state.device)
@@ -219,12 +231,14 @@ class Sequence:
 
     def steady(self, layer: int) -> Steady:
         """The steady zone of ``layer`` as a one-row batch."""
-        k, v = self.layers[layer].steady()
+        self._check_alive()
+        k, v = self.layers[check_index(layer, "layer", self.num_layers)].steady()
         return Steady(k[None], v[None], torch.tensor([k.shape[1]], device=k.device))
 
     def view(self, layer: int) -> IndexView | None:
         """The indexed units of ``layer`` (``None`` before the first segment)."""
-        return self.layers[layer].view()
+        self._check_alive()
+        return self.layers[check_index(layer, "layer", self.num_layers)].view()
 
     def release(self, *, forget: bool = True) -> None:
         """Return every layer's placed rows and metadata to the store's budgets (called

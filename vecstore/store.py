@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from vecstore.checks import check_new_sequence
+from vecstore.checks import check_device, check_new_sequence
 from vecstore.config import StoreConfig, load_config
 from vecstore.decoder import BatchDecoder
 from vecstore.errors import (
@@ -23,6 +23,7 @@ from vecstore.errors import (
 from vecstore.executor.base import Executor, build_executor
 from vecstore.index.base import INDEXES, Index
 from vecstore.kvstore.placement import Placement
+from vecstore.plugins import check_plugins
 from vecstore.query_engine import QueryEngine
 from vecstore.sequence import Sequence
 from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
@@ -101,23 +102,34 @@ class Store:
         NotFoundError
             ``read_only`` and no store exists at ``path``.
         InvalidValueError
-            ``path`` is malformed, a file, or a non-empty directory that is no store.
-        CorruptionError, SchemaVersionError
-            The catalog is damaged or from an incompatible vecstore.
+            ``path`` is malformed, a file, a non-empty directory that is no store, or
+            unusable (a file as a component, a component too long, a loop of links).
+        ConfigError
+            ``config`` is invalid or names an unknown index, clusterer, executor or policy.
+        StorageError
+            The system refused (permissions, read-only media for a writer, a full disk).
+        CorruptionError, SchemaVersionError, CatalogError
+            The catalog is damaged, from an incompatible vecstore, or no vecstore catalog.
+
+        A failed open leaves the directory exactly as it was.
         """
         if path is None:
             if read_only:
                 raise InvalidValueError("read_only: only a store with a path can be opened "
                                         "read-only")
-            return cls(load_config(config))
+            cfg = load_config(config)
+            check_plugins(cfg)
+            return cls(cfg)
         given = None if config is None else load_config(config)
+        if given is not None:
+            check_plugins(given)
         persistence, cfg = Persistence.open(path, given, read_only=read_only)
         try:
             store = cls(cfg, persistence.layout.root, persistence=persistence)
             store._seqs.update(persistence.attach(store))
             store.placement.check_fits(list(store._seqs.values()))
         except BaseException:
-            persistence.close()
+            persistence.discard()
             raise
         return store
 
@@ -214,19 +226,30 @@ class Store:
             1-128 characters of letters, digits, ``.``, ``_``, ``-``; starts with a
             letter or digit.
         num_layers, num_kv_heads, head_dim : int
-            The model's attention shape.
+            The model's attention shape, each 1 to 4096.
         dtype : torch.dtype | str
             ``float32``, ``float16`` or ``bfloat16``.
         device : str | torch.device, optional
-            Where the sequence's tensors live (``executor.device`` by default).
+            Where the sequence's tensors live: ``cpu``, ``cuda`` or ``cuda:N``
+            (``executor.device`` by default).
         fingerprint : str, optional
             Identifies the model that produced the KV; integrations check it on reuse.
+
+        Raises
+        ------
+        InvalidValueError
+            A bad name, shape, dtype, fingerprint or device.
+        BackendUnavailableError
+            ``device`` is a CUDA device this machine lacks.
+        AlreadyExistsError
+            ``name`` is taken.
         """
         self.check_open()
         torch_dtype = check_new_sequence(
             name, {"num_layers": num_layers, "num_kv_heads": num_kv_heads,
                    "head_dim": head_dim}, fingerprint, dtype)
-        dev = torch.device(device if device is not None else self.config.executor.device)
+        dev = check_device(device if device is not None else self.config.executor.device,
+                           "device")
         with self.transaction():
             if name in self._seqs:
                 raise AlreadyExistsError(f"sequence {name!r} already exists")
@@ -284,14 +307,19 @@ class Store:
             report.raise_if_bad()
         return report
 
-    def gc(self) -> GcReport:
+    def gc(self, *, force: bool = False) -> GcReport:
         """Delete files under ``data/`` that no catalog row names (left by crashes or
-        interrupted drops) and truncate the catalog's WAL. Needs a writer."""
+        interrupted drops) and truncate the catalog's WAL. Needs a writer.
+
+        Files newer than the catalog's last commit and its ``-wal`` may hold commits the
+        catalog lost with its ``-wal`` file (``verify`` reports them); they are kept, and
+        listed in :attr:`GcReport.kept`, unless ``force``.
+        """
         with self._lock:
             disk = self._disk("gc")
             if disk.read_only:
                 raise ReadOnlyError(f"gc: store {self.path} was opened read-only")
-            return collect_garbage(disk)
+            return collect_garbage(disk, force=force)
 
     def _disk(self, what: str) -> Persistence:
         self.check_open()

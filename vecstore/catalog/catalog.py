@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from vecstore.catalog.engine import make_engine, sql_errors
@@ -17,10 +17,7 @@ from vecstore.catalog.records import (
     ChunkRecord,
     Commit,
     FileRecord,
-    LayerChange,
     LayerRecord,
-    NewSegment,
-    NewSequence,
     SegmentRecord,
     SequenceRecord,
 )
@@ -28,7 +25,6 @@ from vecstore.catalog.schema import (
     FORMAT,
     SCHEMA_VERSION,
     Base,
-    ClusterRow,
     FileRow,
     LayerRow,
     SegmentRow,
@@ -38,6 +34,7 @@ from vecstore.catalog.schema import (
     sequence_checksum,
     text_checksum,
 )
+from vecstore.catalog.writes import apply_changes, insert_sequence
 from vecstore.errors import CatalogError, CorruptionError, SchemaVersionError
 
 __all__ = ["Catalog"]
@@ -65,10 +62,10 @@ class Catalog:
     >>> cat.close()
     """
 
-    def __init__(self, path: Path, *, read_only: bool) -> None:
+    def __init__(self, path: Path, *, read_only: bool, immutable: bool = False) -> None:
         self.path = path
         self.read_only = read_only
-        self._engine = make_engine(path, read_only=read_only)
+        self._engine = make_engine(path, read_only=read_only, immutable=immutable)
         self._lock = threading.Lock()
         self._layer_ids: dict[tuple[str, int], int] = {}
         self._seq_ids: dict[str, int] = {}
@@ -95,9 +92,10 @@ class Catalog:
             engine.dispose()
 
     @classmethod
-    def open(cls, path: Path, *, read_only: bool) -> Catalog:
+    def open(cls, path: Path, *, read_only: bool, immutable: bool = False) -> Catalog:
         """Open an existing catalog, checking that it is a vecstore catalog of this
-        schema version.
+        schema version. ``immutable`` (read-only) reads the main file alone and creates
+        no ``-wal``/``-shm`` file: for read-only media, and for checks while no writer runs.
 
         Raises
         ------
@@ -108,7 +106,9 @@ class Catalog:
         CatalogError
             It is an SQLite file but not a vecstore catalog.
         """
-        cat = cls(path, read_only=read_only)
+        if path.stat().st_size == 0:
+            raise CatalogError(f"{path} is an empty file, not a vecstore catalog")
+        cat = cls(path, read_only=read_only, immutable=immutable)
         try:
             with sql_errors(path), cat._engine.connect() as conn:
                 version = conn.exec_driver_sql("PRAGMA user_version").scalar()
@@ -192,6 +192,20 @@ class Catalog:
         with self._lock, sql_errors(self.path), Session(self._engine) as s, s.begin():
             return s.get(SequenceRow, seq_id) is not None
 
+    def last_commit(self) -> datetime:
+        """When the newest commit this catalog holds wrote a sequence or a file (the
+        store's creation if none did); drops leave no time."""
+        with self._lock, sql_errors(self.path), Session(self._engine) as s, s.begin():
+            times = [s.scalar(select(func.max(SequenceRow.updated_at))),
+                     s.scalar(select(func.max(FileRow.created_at))),
+                     s.scalar(select(StoreRow.created_at))]
+        return max(t for t in times if t is not None)
+
+    def file_paths(self) -> set[str]:
+        """The data files the latest commit names (a new snapshot)."""
+        with self._lock, sql_errors(self.path), Session(self._engine) as s, s.begin():
+            return set(s.scalars(select(FileRow.path)))
+
     def session(self) -> Session:
         """A session on the catalog for read-only inspection (``verify``, ``info``);
         use it as ``with catalog.session() as s, s.begin():``."""
@@ -214,8 +228,8 @@ class Catalog:
                     del layer_ids[key]
             s.flush()
             for new in plan.created:
-                seq_ids[new.name] = self._insert_sequence(s, new, now, layer_ids)
-            self._apply(s, plan.layers, seq_ids, layer_ids, now)
+                seq_ids[new.name] = insert_sequence(s, new, now, layer_ids)
+            apply_changes(s, plan.layers, seq_ids, layer_ids, now)
             for name, count in plan.sequence_tokens.items():
                 s.execute(update(SequenceRow).where(SequenceRow.name == name)
                           .values(num_tokens=count, updated_at=now))
@@ -226,72 +240,3 @@ class Catalog:
         """Fold the WAL into the main file and truncate it."""
         with self._lock, sql_errors(self.path), self._engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    @staticmethod
-    def _insert_sequence(s: Session, new: NewSequence, now: datetime,
-                         layer_ids: dict[tuple[str, int], int]) -> int:
-        row = SequenceRow(name=new.name, directory=new.directory,
-                          num_layers=len(new.index_kinds), num_kv_heads=new.num_kv_heads,
-                          head_dim=new.head_dim, dtype=new.dtype, device=new.device,
-                          fingerprint=new.fingerprint, num_tokens=0, created_at=now,
-                          updated_at=now)
-        row.checksum = sequence_checksum(row)
-        s.add(row)
-        s.flush()
-        layers = [LayerRow(sequence_id=row.id, layer=i, num_tokens=0, index_kind=kind)
-                  for i, kind in enumerate(new.index_kinds)]
-        s.add_all(layers)
-        s.flush()
-        for lr in layers:
-            layer_ids[(new.name, lr.layer)] = lr.id
-        return row.id
-
-    @staticmethod
-    def _apply(s: Session, changes: list[LayerChange], seq_ids: dict[str, int],
-               layer_ids: dict[tuple[str, int], int], now: datetime) -> None:
-        # batched: one statement per kind of row, whatever the number of layers
-        chunks: list[dict[str, object]] = []
-        tails: list[int] = []
-        counts: list[dict[str, int | str]] = []
-        for change in changes:
-            layer_id = layer_ids[(change.sequence, change.layer)]
-            for seg in change.segments:
-                Catalog._insert_segment(s, seg, seq_ids[change.sequence], layer_id, now)
-            if change.replace_tail:
-                tails.append(layer_id)
-            chunks += [_chunk_row(layer_id, c) for c in (change.sink, change.tail)
-                       if c is not None]
-            row: dict[str, int | str] = {"id": layer_id, "num_tokens": change.num_tokens}
-            if change.segments:
-                row["index_kind"] = change.segments[0].index_kind
-            counts.append(row)
-        if tails:
-            s.execute(delete(SteadyChunkRow).where(SteadyChunkRow.layer_id.in_(tails),
-                                                   SteadyChunkRow.zone == "tail"))
-        if chunks:
-            s.execute(insert(SteadyChunkRow), chunks)
-        for keys in {tuple(r) for r in counts}:
-            s.execute(update(LayerRow), [r for r in counts if tuple(r) == keys])
-
-    @staticmethod
-    def _insert_segment(s: Session, seg: NewSegment, seq_id: int, layer_id: int,
-                        now: datetime) -> None:
-        f = FileRow(sequence_id=seq_id, path=seg.file.path, size=seg.file.size,
-                    checksum=seg.file.checksum, created_at=now)
-        s.add(f)
-        s.flush()
-        row = SegmentRow(layer_id=layer_id, file_id=f.id, start=seg.start, end=seg.end,
-                         num_units=seg.num_units, index_kind=seg.index_kind, **seg.params)
-        s.add(row)
-        s.flush()
-        if seg.clusters is not None:
-            s.execute(insert(ClusterRow), [
-                {"segment_id": row.id, "head": h, "unit": u, "row_start": offs[u],
-                 "size": offs[u + 1] - offs[u]}
-                for h, offs in enumerate(seg.clusters) for u in range(len(offs) - 1)])
-
-
-def _chunk_row(layer_id: int, c: ChunkRecord) -> dict[str, object]:
-    return {"layer_id": layer_id, "zone": c.zone, "first_token": c.first_token,
-            "num_tokens": c.num_tokens, "keys": c.keys, "values": c.values,
-            "checksum": c.checksum}

@@ -20,7 +20,7 @@ from vecstore.errors import CorruptionError
 from vecstore.index.base import Segment
 from vecstore.storage.files import checksum
 
-__all__ = ["SegmentShape", "encode_segment", "decode_segment", "tensor_bytes",
+__all__ = ["SegmentShape", "encode_segment", "decode_segment", "is_intact", "tensor_bytes",
            "encode_chunk", "decode_chunks"]
 
 SEGMENT_FORMAT = "vecstore-segment/1"
@@ -42,12 +42,40 @@ class SegmentShape:
 
 
 def encode_segment(seg: Segment) -> bytes:
-    """The safetensors bytes of ``seg`` (tensors moved to the CPU)."""
+    """The safetensors bytes of ``seg`` (tensors moved to the CPU).
+
+    The header's metadata carries the checksum of the tensor bytes (``payload``), so a
+    file can vouch for itself when it disagrees with its catalog row
+    (:func:`is_intact`).
+    """
     tensors = {"keys": seg.keys, "values": seg.values, "offsets": seg.offsets,
                **{f"meta.{k}": v for k, v in seg.meta.items()}}
-    return save_safetensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+    data = save_safetensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                             metadata={"format": SEGMENT_FORMAT, "start": str(seg.start),
                                       "end": str(seg.end)})
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    payload = memoryview(data)[8 + n:]
+    header["__metadata__"]["payload"] = checksum(payload)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # safetensors keeps the tensor bytes 8-aligned
+    return len(raw).to_bytes(8, "little") + raw + payload
+
+
+def is_intact(buf: bytes | mmap.mmap) -> bool | None:
+    """Whether a segment file's bytes are whole by its own header: its length is what the
+    header lays out and its tensor bytes match the header's ``payload`` checksum.
+    ``None`` for a file written without that checksum (by an older vecstore)."""
+    try:
+        n = int.from_bytes(buf[:8], "little")
+        header = json.loads(buf[8:8 + n])
+        meta = header.pop("__metadata__")
+        end = max(int(spec["data_offsets"][1]) for spec in header.values())
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+    if not isinstance(meta, dict) or "payload" not in meta:
+        return None
+    return len(buf) == 8 + n + end and checksum(memoryview(buf)[8 + n:]) == meta["payload"]
 
 
 def decode_segment(buf: mmap.mmap, where: str, want: SegmentShape) -> Segment:

@@ -9,7 +9,8 @@ import secrets
 from pathlib import Path
 
 from vecstore.catalog.records import FileRecord
-from vecstore.errors import CorruptionError
+from vecstore.errors import CorruptionError, VecstoreError
+from vecstore.storage.oserrors import translate
 
 __all__ = ["checksum", "fsync_dir", "make_dir", "write_atomic", "map_verified", "TMP_SUFFIX"]
 
@@ -34,16 +35,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def make_dir(path: Path) -> None:
-    """Create directory ``path`` (parents included) and make its entry durable."""
+def make_dir(path: Path) -> list[Path]:
+    """Create directory ``path`` (parents included) and make its entry durable; returns
+    the directories it created, outermost first."""
     missing = []
     p = path
     while not p.exists():
         missing.append(p)
         p = p.parent
+    made = []
     for d in reversed(missing):
-        d.mkdir(exist_ok=True)
+        try:
+            d.mkdir()
+        except FileExistsError:  # made meanwhile by another process
+            continue
+        made.append(d)
         fsync_dir(d.parent)
+    return made
 
 
 def write_atomic(path: Path, data: bytes) -> FileRecord:
@@ -51,6 +59,11 @@ def write_atomic(path: Path, data: bytes) -> FileRecord:
 
     The caller fsyncs ``path.parent`` once for all files of a commit, before the
     catalog commit that names them. Returns the file's record (``path`` absolute).
+
+    Raises
+    ------
+    StorageError
+        Naming ``path`` when the system refuses (a full disk); nothing is left behind.
     """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
     try:
@@ -59,8 +72,10 @@ def write_atomic(path: Path, data: bytes) -> FileRecord:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, VecstoreError):
+            raise translate(exc, path.parent, "write data file", where=path) from exc
         raise
     return FileRecord(str(path), len(data), checksum(data))
 

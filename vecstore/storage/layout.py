@@ -3,7 +3,9 @@
 ::
 
     <store>/
-        catalog.sqlite          the catalog (plus -wal and -shm while open)
+        catalog.sqlite          the catalog, with catalog.sqlite-wal and -shm: SQLite keeps
+                                them while the store is open and after a crash, and the
+                                -wal then holds the latest commits (part of the store)
         LOCK                    held (flock) by the one writer
         data/<seq-dir>/<layer>-<start>.safetensors   one immutable file per segment
 
@@ -14,6 +16,7 @@ name, so no user-supplied name ever becomes part of a path.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -43,7 +46,10 @@ def store_path(path: object) -> Path:
     if not isinstance(raw, str) or not raw or "\x00" in raw or len(raw) > _MAX_PATH:
         raise InvalidValueError(f"path: expected a non-empty path without NUL bytes, of at "
                                 f"most {_MAX_PATH} characters, got {raw!r:.80}")
-    return Path(raw).expanduser().absolute()
+    try:
+        return Path(raw).expanduser().absolute()
+    except RuntimeError as exc:  # "~user" of no user
+        raise InvalidValueError(f"path: cannot expand {raw!r:.80} ({exc})") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +83,26 @@ class StoreLayout:
     def data(self) -> Path:
         return self.root / DATA
 
+    @property
+    def wal(self) -> Path:
+        """The catalog's write-ahead log: part of the store whenever it exists (it holds
+        the latest commits until a checkpoint folds them into the catalog)."""
+        return self.root / f"{CATALOG}-wal"
+
     def is_store(self) -> bool:
         return self.catalog.is_file()
+
+    def _kind(self) -> str:
+        """``missing``, ``dir`` or ``file``; raises ``OSError`` for a path that cannot be
+        looked up (a loop of links, a file as a component, a name too long)."""
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            if os.path.lexists(self.root):
+                raise InvalidValueError(f"path: {self.root} is a symbolic link to nothing "
+                                        f"({os.readlink(self.root)!r})") from None
+            return "missing"
+        return "dir" if stat.S_ISDIR(st.st_mode) else "file"
 
     def check_can_create(self) -> None:
         """Refuse a path that exists but is not (and cannot become) a store.
@@ -88,9 +112,10 @@ class StoreLayout:
         InvalidValueError
             If ``root`` is a file, or a non-empty directory without a catalog.
         """
-        if self.root.exists() and not self.root.is_dir():
+        kind = self._kind()
+        if kind == "file":
             raise InvalidValueError(f"path: {self.root} is a file, not a store directory")
-        if self.root.is_dir() and not self.is_store():
+        if kind == "dir" and not self.is_store():
             foreign = sorted(set(os.listdir(self.root)) - set(_SCRATCH))
             if foreign:
                 raise InvalidValueError(
@@ -100,7 +125,7 @@ class StoreLayout:
 
     def check_is_store(self) -> None:
         """Raise :class:`NotFoundError` unless ``root`` holds a catalog."""
-        if not self.root.is_dir():
+        if self._kind() != "dir":
             raise NotFoundError(f"path: no store at {self.root} (no such directory)")
         if not self.is_store():
             raise NotFoundError(f"path: {self.root} is not a vecstore store (it has no "

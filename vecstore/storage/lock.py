@@ -42,11 +42,8 @@ class WriteLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise LockedError(
-                f"store {path.parent} is already open for writing (process {holder} holds "
-                f"{path}); close that writer, or open this one with read_only=True") from None
+            raise _locked(path) from None
         except BaseException:
             os.close(fd)
             raise
@@ -54,9 +51,34 @@ class WriteLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd
 
+    @staticmethod
+    def check_free(path: Path) -> None:
+        """Raise :class:`LockedError` if a writer holds ``path``; creates nothing."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _locked(path) from None
+        finally:
+            os.close(fd)  # releases the probe's lock too
+
     def release(self) -> None:
         """Release the lock; safe to call twice."""
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _locked(path: Path) -> LockedError:
+    try:
+        with open(path, "rb") as fh:
+            holder = fh.read(64).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        holder = "unknown"
+    return LockedError(f"store {path.parent} is already open for writing (process {holder} "
+                       f"holds {path}); close that writer first. Readers may open the store "
+                       "read-only beside it")

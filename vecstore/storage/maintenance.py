@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from vecstore.catalog.schema import (
     StoreRow,
 )
 from vecstore.checks import SUPPORTED_DTYPES
+from vecstore.storage.orphans import find_orphans
 
 if TYPE_CHECKING:
     from vecstore.storage.persistence import Persistence
@@ -110,10 +111,12 @@ class StoreInfo:
 
 @dataclass(frozen=True, slots=True)
 class GcReport:
-    """What :meth:`vecstore.Store.gc` removed: relative paths and bytes freed."""
+    """What :meth:`vecstore.Store.gc` removed (relative paths, bytes freed) and kept:
+    files that may hold commits the catalog lost with its ``-wal`` file."""
 
     removed: list[str]
     bytes_freed: int
+    kept: list[str] = field(default_factory=list)
 
 
 def describe(p: Persistence) -> StoreInfo:
@@ -157,24 +160,27 @@ def describe(p: Persistence) -> StoreInfo:
                      sum(q.raw_kv_bytes for q in infos))
 
 
-def collect_garbage(p: Persistence) -> GcReport:
+def collect_garbage(p: Persistence, *, force: bool = False) -> GcReport:
     """Remove files under ``data/`` that no catalog row names, and empty directories
-    of dropped sequences; then truncate the WAL. The caller holds the write lock."""
+    of dropped sequences; then truncate the WAL. Files that may belong to commits the
+    catalog lost (:mod:`vecstore.storage.orphans`) stay unless ``force``. The caller
+    holds the write lock."""
     cat, layout = p.catalog, p.layout
     with sql_errors(cat.path), cat.session() as s, s.begin():
         named = set(s.scalars(select(FileRow.path)))
         live = set(s.scalars(select(SequenceRow.directory)))
+    orphans = find_orphans(p, named)
+    doomed = orphans.leftovers + orphans.lost if force else orphans.leftovers
     removed, freed = [], 0
-    for rel in layout.data_files():
-        if rel not in named:
-            path = layout.root / rel
-            freed += path.stat().st_size
-            path.unlink()
-            removed.append(rel)
+    for rel in sorted(doomed):
+        path = layout.root / rel
+        freed += path.stat().st_size
+        path.unlink()
+        removed.append(rel)
     if layout.data.is_dir():
         for entry in layout.data.iterdir():
             if entry.is_dir() and entry.name not in live and not any(entry.iterdir()):
                 entry.rmdir()
                 removed.append(layout.relative(entry) + "/")
     cat.checkpoint()
-    return GcReport(removed, freed)
+    return GcReport(removed, freed, [] if force else orphans.lost)

@@ -8,7 +8,6 @@ leaves only unnamed files (removed by ``gc``); after it, everything is on disk.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 from functools import partial
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vecstore.catalog.catalog import Catalog
 from vecstore.catalog.records import (
     Commit,
     FileRecord,
@@ -27,15 +25,16 @@ from vecstore.catalog.records import (
     NewSequence,
     SequenceRecord,
 )
-from vecstore.checks import parse_dtype
+from vecstore.checks import MAX_DIMENSION, SUPPORTED_DTYPES, check_device, parse_device
 from vecstore.config import StoreConfig
 from vecstore.errors import (
-    CatalogError,
-    ConfigError,
+    BackendUnavailableError,
     CorruptionError,
     IncompatibleError,
+    InvalidValueError,
     SequenceDroppedError,
 )
+from vecstore.index.base import INDEXES
 from vecstore.sequence import Sequence
 from vecstore.storage.codec import (
     SegmentShape,
@@ -44,10 +43,12 @@ from vecstore.storage.codec import (
     encode_chunk,
     encode_segment,
 )
-from vecstore.storage.files import fsync_dir, make_dir, map_verified, write_atomic
-from vecstore.storage.layout import StoreLayout, store_path
+from vecstore.storage.blame import map_checked
+from vecstore.storage.files import fsync_dir, make_dir, write_atomic
 from vecstore.storage.lazy_layer import LazyLayer, LoadedLayer
-from vecstore.storage.lock import WriteLock
+from vecstore.storage.opening import Opened, open_store
+from vecstore.storage.orphans import mark_dropped
+from vecstore.storage.oserrors import os_errors
 from vecstore.storage.transaction import LayerMark, Transaction
 
 if TYPE_CHECKING:
@@ -63,12 +64,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 class Persistence:
     """The on-disk side of one open store (catalog, lock, data files)."""
 
-    def __init__(self, layout: StoreLayout, catalog: Catalog, lock: WriteLock | None,
-                 stored: StoreConfig) -> None:
-        self.layout = layout
-        self.catalog = catalog
-        self.stored_config = stored
-        self._lock = lock
+    def __init__(self, opened: Opened) -> None:
+        self.layout = opened.layout
+        self.catalog = opened.catalog
+        self.stored_config = opened.stored
+        self._lock = opened.lock
+        self._opened = opened
         self._dirs: dict[Sequence, str] = {}
 
     @property
@@ -80,50 +81,23 @@ class Persistence:
     def open(cls, path: object, given: StoreConfig | None, *,
              read_only: bool) -> tuple[Persistence, StoreConfig]:
         """Open (or, for a writer, create) the store at ``path``; returns it and the
-        configuration to run with."""
-        layout = StoreLayout(store_path(path))
-        lock = None
-        if read_only:
-            layout.check_is_store()
-        else:
-            layout.check_can_create()
-            make_dir(layout.root)
-            lock = WriteLock(layout.lock)
-        try:
-            if not layout.is_store():
-                layout.check_can_create()
-                _initialize(layout, (given or StoreConfig()).to_dict())
-            if lock is not None:
-                make_dir(layout.data)
-            catalog = Catalog.open(layout.catalog, read_only=read_only)
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        try:
-            stored = _stored_config(catalog)
-            if given is not None:
-                conflicts = given.conflicts_with(stored)
-                if conflicts:
-                    raise IncompatibleError(
-                        f"config conflicts with the store at {layout.root}: "
-                        f"{'; '.join(conflicts)}. These settings are fixed when a store is "
-                        "created; open it with config=None to use the stored ones")
-        except BaseException:
-            catalog.close()
-            if lock is not None:
-                lock.release()
-            raise
-        return cls(layout, catalog, lock, stored), given or stored
+        configuration to run with. A failed open changes nothing on disk."""
+        opened = open_store(path, given, read_only=read_only)
+        return cls(opened), given or opened.stored
+
+    def discard(self) -> None:
+        """Close, and remove whatever opening the store created (a store created by an
+        open that then failed)."""
+        self.close()
+        self._opened.undo()
 
     def attach(self, store: Store) -> dict[str, Sequence]:
         """Sequences of the catalog's snapshot, their layers loading lazily."""
         seqs = {}
         for rec in self.catalog.load():
-            dtype = parse_dtype(rec.dtype)
-            device = torch.device(store.config.executor.device
-                                  if rec.device == self.stored_config.executor.device
-                                  else rec.device)
+            dtype, device = self._check_record(rec)
+            if rec.device == self.stored_config.executor.device:
+                device = torch.device(store.config.executor.device)
             seq = Sequence(store, rec.name, num_layers=rec.num_layers,
                            num_kv_heads=rec.num_kv_heads, head_dim=rec.head_dim, dtype=dtype,
                            device=device, fingerprint=rec.fingerprint)
@@ -136,14 +110,36 @@ class Persistence:
             seqs[rec.name] = seq
         return seqs
 
+    def _check_record(self, rec: SequenceRecord) -> tuple[torch.dtype, torch.device]:
+        """The dtype and device of a sequence row, checked (a row forged with a matching
+        checksum may still hold values no sequence can have)."""
+        bad = f"catalog {self.catalog.path} is corrupt: sequence {rec.name!r} records"
+        if rec.dtype not in SUPPORTED_DTYPES:
+            raise CorruptionError(f"{bad} dtype {rec.dtype!r}, not one of "
+                                  f"{sorted(SUPPORTED_DTYPES)}")
+        for what in ("num_layers", "num_kv_heads", "head_dim"):
+            value = getattr(rec, what)
+            if not isinstance(value, int) or not 1 <= value <= MAX_DIMENSION:
+                raise CorruptionError(f"{bad} {what} = {value!r}")
+        try:
+            device = parse_device(rec.device, "device")
+        except InvalidValueError:
+            raise CorruptionError(f"{bad} device {rec.device!r}") from None
+        return SUPPORTED_DTYPES[rec.dtype], device
+
     def _lazy_layer(self, store: Store, rec: SequenceRecord, lr: LayerRecord,
                     dtype: torch.dtype, device: torch.device) -> LazyLayer:
         kind = store.index_kind(lr.layer)
         built = {s.index_kind for s in lr.segments}
-        if built - {kind}:
+        if lr.index_kind not in INDEXES or (built and built != {lr.index_kind}):
+            raise CorruptionError(
+                f"catalog {self.catalog.path} is corrupt: sequence {rec.name!r} layer "
+                f"{lr.layer} records index kind {lr.index_kind!r} but its segments "
+                f"{sorted(built)}")
+        if built and lr.index_kind != kind:
             raise IncompatibleError(
                 f"sequence {rec.name!r} layer {lr.layer} was indexed with "
-                f"{sorted(built)} (stored), but the given config indexes it with {kind!r} "
+                f"{lr.index_kind!r} (stored), but the given config indexes it with {kind!r} "
                 f"(layers.{lr.layer}.exact or index.kind); open with the stored settings")
         loader = partial(self._load_layer, rec, lr, dtype, device)
         return LazyLayer(rec.num_kv_heads, rec.head_dim, dtype, device,
@@ -156,6 +152,13 @@ class Persistence:
     def _load_layer(self, rec: SequenceRecord, lr: LayerRecord, dtype: torch.dtype,
                     device: torch.device) -> LoadedLayer:
         H, D = rec.num_kv_heads, rec.head_dim
+        try:
+            check_device(device, "device")
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(
+                f"sequence {rec.name!r} lives on {device}, which this machine lacks ({exc}). "
+                "Sequences on the store's executor.device follow the executor.device given "
+                "at open: open with {'executor': {'device': 'cpu'}} to load them here") from None
         where = f"catalog {self.catalog.path}: sequence {rec.name!r} layer {lr.layer}"
         sk, sv = decode_chunks([c for c in lr.chunks if c.zone == "sink"], H, D, dtype, where)
         pk, pv = decode_chunks([c for c in lr.chunks if c.zone == "tail"], H, D, dtype, where)
@@ -163,7 +166,7 @@ class Persistence:
         for s in lr.segments:
             path = self.layout.resolve(s.file.path)
             try:
-                buf = map_verified(path, s.file)
+                buf = map_checked(path, s.file, self.catalog.path)
             except FileNotFoundError:
                 if not self.catalog.sequence_exists(rec.id):
                     raise SequenceDroppedError(
@@ -193,6 +196,7 @@ class Persistence:
         plan = Commit()
         written: list[Path] = []
         new_dirs: list[Path] = []
+        dropping: list[Path] = []
         try:
             fresh: dict[Sequence, str] = {}
             for kind, seq in txn.events:
@@ -202,13 +206,15 @@ class Persistence:
                     del fresh[seq]
                 elif seq in self._dirs:
                     plan.dropped.append(seq.name)
+                    dropping.append(self.layout.data / self._dirs[seq])
             for seq, directory in fresh.items():
                 plan.created.append(NewSequence(
                     seq.name, directory, seq.num_kv_heads, seq.head_dim, dtype_name(seq.dtype),
                     str(seq.device), seq.fingerprint,
                     tuple(store.index_kind(i) for i in range(seq.num_layers))))
                 new_dirs.append(self.layout.data / directory)
-                make_dir(new_dirs[-1])
+                with os_errors(self.layout.root, "commit to store"):
+                    make_dir(new_dirs[-1])
             touched = set(fresh)
             for (seq, layer), mark in txn.marks.items():
                 if seq.is_dropped:
@@ -221,8 +227,10 @@ class Persistence:
             plan.sequence_tokens = {s.name: s.num_tokens for s in touched}
             if plan.is_empty:
                 return
-            for d in {p.parent for p in written}:
-                fsync_dir(d)
+            with os_errors(self.layout.root, "commit to store"):
+                for d in {p.parent for p in written}:
+                    fsync_dir(d)
+            mark_dropped(dropping)
             gone = self.catalog.commit(plan)
         except BaseException:
             for p in written:
@@ -281,23 +289,3 @@ class Persistence:
             self._lock.release()
 
 
-def _initialize(layout: StoreLayout, config: dict[str, object]) -> None:
-    tmp = layout.catalog_tmp
-    for leftover in (tmp, *(tmp.with_name(tmp.name + s) for s in ("-journal", "-wal", "-shm"))):
-        leftover.unlink(missing_ok=True)
-    Catalog.initialize(tmp, config)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, layout.catalog)
-    fsync_dir(layout.root)
-
-
-def _stored_config(catalog: Catalog) -> StoreConfig:
-    try:
-        return StoreConfig.from_dict(catalog.config)
-    except ConfigError as exc:
-        raise CatalogError(f"catalog {catalog.path}: its stored config cannot be read by "
-                           f"this vecstore ({exc})") from None

@@ -26,8 +26,10 @@ from vecstore.catalog.schema import (
 )
 from vecstore.checks import SUPPORTED_DTYPES
 from vecstore.errors import CorruptionError
+from vecstore.index.base import INDEXES
+from vecstore.storage.blame import map_checked
 from vecstore.storage.codec import SegmentShape, decode_chunks, decode_segment
-from vecstore.storage.files import map_verified
+from vecstore.storage.orphans import find_orphans
 
 if TYPE_CHECKING:
     from vecstore.storage.persistence import Persistence
@@ -44,7 +46,8 @@ class VerifyReport:
     path : Path
         The store.
     files_checked, bytes_checked : int
-        Data files read and checksummed, and their total size.
+        Data files the catalog names (missing and bad ones included), and the bytes
+        read from them.
     segments, clusters, chunks : int
         Catalog rows cross-checked against the files.
     problems : list[str]
@@ -52,6 +55,11 @@ class VerifyReport:
     unreferenced : list[str]
         Files under ``data/`` that no catalog row names (left by a crash or an
         interrupted drop; harmless, removed by ``gc``).
+    lost : list[str]
+        Files no catalog row names that are newer than the catalog's last commit and
+        than its ``-wal`` file: data of commits the catalog lost with its ``-wal`` (see
+        :mod:`vecstore.storage.orphans`). They fail verification, and ``gc`` keeps them
+        unless forced.
 
     Examples
     --------
@@ -71,23 +79,35 @@ class VerifyReport:
     chunks: int
     problems: list[str] = field(default_factory=list)
     unreferenced: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.lost
 
     def raise_if_bad(self) -> None:
         """Raise :class:`CorruptionError` listing every problem, if there is any."""
-        if self.problems:
+        if not self.ok:
             raise CorruptionError(f"store {self.path} failed verification:\n  "
-                                  + "\n  ".join(self.problems))
+                                  + "\n  ".join(self.problems + self._lost_lines()))
+
+    def _lost_lines(self) -> list[str]:
+        if not self.lost:
+            return []
+        return [f"data file {self.path / f} is named by no catalog row but is newer than the "
+                "catalog's last commit and its -wal file" for f in self.lost] + [
+            f"the catalog's -wal file ({self.path / 'catalog.sqlite-wal'}) was probably "
+            "lost or damaged after a crash, taking the commits that named these files: "
+            "restore it from where the store was copied; if instead a writer crashed "
+            "mid-commit and reopened without committing, they are leftovers (gc --force "
+            "removes them)"]
 
     def summary(self) -> str:
         """A few human-readable lines."""
         head = (f"{'ok' if self.ok else 'FAILED'}: {self.files_checked} files "
                 f"({self.bytes_checked / 2**20:.1f} MiB), {self.segments} segments, "
                 f"{self.clusters} clusters, {self.chunks} steady chunks checked")
-        lines = [head, *(f"problem: {p}" for p in self.problems)]
+        lines = [head, *(f"problem: {p}" for p in self.problems + self._lost_lines())]
         lines += [f"unreferenced (run gc): {u}" for u in self.unreferenced]
         return "\n".join(lines)
 
@@ -121,6 +141,7 @@ def verify_store(p: Persistence) -> VerifyReport:
         for c in chunks:
             sinks[c.layer_id] += c.num_tokens if c.zone == "sink" else 0
         checked_bytes, num_clusters, named = 0, 0, set()
+        missing: list[tuple[int, str]] = []  # (sequence id, problem): dropped meanwhile?
         for seg in segs:
             lr, f = layers.get(seg.layer_id), files.get(seg.file_id)
             if lr is None or f is None or lr.sequence_id not in seqs:
@@ -130,7 +151,12 @@ def verify_store(p: Persistence) -> VerifyReport:
             named.add(f.id)
             q = seqs[lr.sequence_id]
             where = f"sequence {q.name!r} layer {lr.layer} segment [{seg.start}, {seg.end})"
-            n, clusters = _check_segment(s, p, q, seg, f, where, problems)
+            if seg.index_kind != lr.index_kind or lr.index_kind not in INDEXES:
+                problems.append(f"catalog {cat.path}: {where} records index kind "
+                                f"{seg.index_kind!r}, its layer {lr.index_kind!r}")
+            n, clusters, gone = _check_segment(s, p, q, seg, f, where, problems)
+            if gone is not None:
+                missing.append((q.id, gone))
             checked_bytes += n
             num_clusters += clusters
             if seg.start != sinks[lr.id] + tokens[lr.id]["indexed"]:
@@ -141,28 +167,33 @@ def verify_store(p: Persistence) -> VerifyReport:
                      for i, f in files.items() if i not in named]
         _check_chunks(p, seqs, layers, chunks, tokens, problems)
         _check_counts(p, seqs, layers, tokens, problems)
-    unreferenced = sorted(set(layout.data_files()) - {f.path for f in files.values()})
+    # beside a writer: a file of a sequence dropped since the snapshot may be gone
+    problems += [msg for seq_id, msg in missing if cat.sequence_exists(seq_id)]
+    orphans = find_orphans(p, {f.path for f in files.values()})
     return VerifyReport(layout.root, len(named), checked_bytes, len(segs), num_clusters,
-                        len(chunks), problems, unreferenced)
+                        len(chunks), problems, orphans.leftovers, orphans.lost)
 
 
 def _check_segment(s: Session, p: Persistence, q: SequenceRow, seg: SegmentRow, f: FileRow,
-                   where: str, problems: list[str]) -> tuple[int, int]:
+                   where: str, problems: list[str]) -> tuple[int, int, str | None]:
+    """Check one segment's file and cluster rows; returns the bytes read, the cluster
+    rows, and the problem of a missing file (reported unless the sequence was dropped)."""
+    rows = s.execute(select(ClusterRow.head, ClusterRow.unit, ClusterRow.row_start,
+                            ClusterRow.size).where(ClusterRow.segment_id == seg.id)
+                     .order_by(ClusterRow.head, ClusterRow.unit)).all()
+    size = 0
     try:
         path = p.layout.resolve(f.path)
-        buf = map_verified(path, FileRecord(f.path, f.size, f.checksum))
+        size = path.stat().st_size
+        buf = map_checked(path, FileRecord(f.path, f.size, f.checksum), p.catalog.path)
         decoded = decode_segment(buf, str(path), SegmentShape(
             q.num_kv_heads, q.head_dim, SUPPORTED_DTYPES.get(q.dtype, torch.float32),
             seg.start, seg.end, seg.num_units))
     except FileNotFoundError:
-        problems.append(f"data file {p.layout.root / f.path} is missing ({where})")
-        return 0, 0
+        return 0, len(rows), f"data file {p.layout.root / f.path} is missing ({where})"
     except CorruptionError as exc:
         problems.append(f"{exc} ({where})")
-        return 0, 0
-    rows = s.execute(select(ClusterRow.head, ClusterRow.unit, ClusterRow.row_start,
-                            ClusterRow.size).where(ClusterRow.segment_id == seg.id)
-                     .order_by(ClusterRow.head, ClusterRow.unit)).all()
+        return size, len(rows), None
     offsets = decoded.offsets
     if "centroids" in decoded.meta:
         H, U = offsets.shape[0], offsets.shape[1] - 1
@@ -175,7 +206,7 @@ def _check_segment(s: Session, p: Persistence, q: SequenceRow, seg: SegmentRow, 
     elif rows:
         problems.append(f"catalog {p.catalog.path}: {where} is not clustered but has "
                         f"{len(rows)} cluster rows")
-    return f.size, len(rows)
+    return size, len(rows), None
 
 
 def _check_chunks(p: Persistence, seqs: dict[int, SequenceRow], layers: dict[int, LayerRow],

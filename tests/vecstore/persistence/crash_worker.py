@@ -11,10 +11,11 @@ Commands (one per line; each answer is one line on stdout):
   LOG; answers ``pid N``. MODE ``mixed`` interleaves per-layer appends, transactions,
   creations and drops; ``txn`` only appends in all-layer transactions. With
   ``KILL_AFTER > 0`` the child SIGKILLs itself at that call of ``os.fsync`` or
-  ``os.replace`` (the durability steps), just before making it.
+  ``os.replace`` (the durability steps) after the store is open, just before making it.
 - ``wait N``: reap child N; answers ``done STATUS``.
 
-The log gets ``begin ...`` before and ``commit ...`` after each operation, so after a
+The log gets ``open SEED`` once the store is open (a kill before it hit no store
+operation), then ``begin ...`` before and ``commit ...`` after each operation, so after a
 kill the checker knows what committed and what was in flight:
 ``create NAME``, ``drop NAME``, ``append NAME LAYER TOTAL``, ``txn NAME TOTAL``.
 """
@@ -100,9 +101,10 @@ def child(store_path: str, log_path: str, seed: int, mode: str, kill_after: int)
     torch.set_num_threads(1)
     rng = random.Random(seed)
     with open(log_path, "a", buffering=1) as log:
-        if kill_after > 0:
-            _arm_kill(kill_after)
         with Store.open(store_path, config()) as store:
+            log.write(f"open {seed}\n")
+            if kill_after > 0:
+                _arm_kill(kill_after)
             for _ in range(100_000):
                 _op(store, rng, mode, str(seed), log)
 

@@ -116,7 +116,7 @@ def test_compatible_settings_may_change_per_open(tmp_path):
 def test_exact_layer_override_must_match_built_segments(tmp_path):
     built_copy(tmp_path / "s")
     exact = {**config(), "layers": {"1": {"exact": True}}}
-    with pytest.raises(IncompatibleError, match=r"layer 1 was indexed with \['wave'\]"):
+    with pytest.raises(IncompatibleError, match=r"layer 1 was indexed with 'wave' \(stored\)"):
         Store.open(tmp_path / "s", exact)
 
 

@@ -58,6 +58,8 @@ def replay(lines: list[str], model: Model) -> tuple[Model, Model | None]:
     last operation began but did not commit, the model it would have produced."""
     inflight: Model | None = None
     for line in lines:
+        if not line.startswith(("begin ", "commit ")):
+            continue  # "open SEED"
         phase, op, *args = line.split()
         after = _apply(model, op, args)
         if phase == "begin":
