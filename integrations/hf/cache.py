@@ -3,7 +3,7 @@
 Creating a ``WaveCache`` for a model attaches it (through :func:`~integrations.hf.install.install`):
 the model's attention implementation becomes ``"vecstore"`` until the cache is closed
 (``close()``, a ``with`` block, or garbage collection), so
-``model.generate(ids, past_key_values=WaveCache(None, model))`` works as is. Several
+``model.generate(ids, cache=WaveCache(None, model))`` works as is. Several
 caches may be open on one model; a forward pass with another cache (or none) runs
 transformers' ``sdpa`` attention unchanged.
 
