@@ -16,15 +16,12 @@ before anything is timed) is shown apart. The full-attention baseline uses
 ``StaticCache`` because ``DynamicCache`` concatenates every layer's whole KV at every
 step: on 2 CPU cores that copy (320 MB per step at 7K tokens, into freshly allocated
 memory) made its per-step cost grow 5-7x from 2K to 7K tokens, where attention itself
-grows 1.5x. And on the CPU the store's numba gather runs on one thread (unless
-``NUMBA_NUM_THREADS`` says otherwise): its OpenMP pool and torch's, each as large as the
-machine and spinning between calls, slowed every decode step several-fold on 2 cores.
+grows 1.5x.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import time
@@ -34,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numba
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, StaticCache
@@ -189,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         raise BackendUnavailableError("--device cuda: no CUDA device is available; use cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if device.type == "cpu" and "NUMBA_NUM_THREADS" not in os.environ:
-        numba.set_num_threads(1)  # one thread pool per core, torch's (see the module doc)
     if args.quiet or not sys.stderr.isatty():
         hf_logging.disable_progress_bar()
     start = time.perf_counter()
