@@ -2,6 +2,10 @@
 
 Exit status: 0 on success, 1 when a check fails or an error occurs (the message names
 the file or setting at fault), 2 for a usage error.
+
+Only the standard library and :mod:`vecstore.errors` are imported up front: ``--help``
+and usage errors answer without importing torch. Each command imports the store when
+it runs.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from vecstore.errors import VecstoreError
-from vecstore.store import Store
+
+if TYPE_CHECKING:
+    from vecstore.store import Store
 
 __all__ = ["main"]
 
@@ -26,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     Examples
     --------
     >>> import tempfile
+    >>> from vecstore import Store
     >>> path = tempfile.mkdtemp()
     >>> Store.open(path).close()
     >>> main(["verify", path])
@@ -85,29 +93,34 @@ def _forward(command: str, module: str, argv: list[str]) -> int:
     return int(status or 0)
 
 
+def _store() -> type[Store]:
+    from vecstore.store import Store
+    return Store
+
+
 def _info(ns: argparse.Namespace) -> int:
-    with Store.open(ns.path, read_only=True) as store:
+    with _store().open(ns.path, read_only=True) as store:
         info = store.info()
     print(json.dumps(info.to_dict(), indent=2) if ns.json else info.summary())
     return 0
 
 
 def _verify(ns: argparse.Namespace) -> int:
-    with Store.open(ns.path, read_only=True) as store:
+    with _store().open(ns.path, read_only=True) as store:
         report = store.verify(raise_on_error=False)
     print(report.summary())
     return 0 if report.ok else 1
 
 
 def _drop(ns: argparse.Namespace) -> int:
-    with Store.open(ns.path) as store:
+    with _store().open(ns.path) as store:
         store.drop(ns.name)
     print(f"dropped {ns.name!r} from {ns.path}")
     return 0
 
 
 def _gc(ns: argparse.Namespace) -> int:
-    with Store.open(ns.path) as store:
+    with _store().open(ns.path) as store:
         report = store.gc(force=ns.force)
     for rel in report.removed:
         print(f"removed {rel}")

@@ -3,7 +3,7 @@
 Creating a ``WaveCache`` for a model attaches it (through :func:`~integrations.hf.install.install`):
 the model's attention implementation becomes ``"vecstore"`` until the cache is closed
 (``close()``, a ``with`` block, or garbage collection), so
-``model.generate(ids, past_key_values=WaveCache(None, model))`` works as is. Several
+``model.generate(ids, cache=WaveCache(None, model))`` works as is. Several
 caches may be open on one model; a forward pass with another cache (or none) runs
 transformers' ``sdpa`` attention unchanged.
 
@@ -17,7 +17,6 @@ one :class:`vecstore.Sequence`; padding is never stored.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import secrets
 import weakref
 from collections.abc import Mapping
@@ -29,6 +28,9 @@ import torch
 from transformers import Cache, CacheLayerMixin, PreTrainedModel
 
 from attention import DecodeStats, StoreAttention
+from integrations.hf.branching import BranchingMixin
+from integrations.hf.cache_arg import cache_kwarg
+from integrations.hf.capabilities import check_sequence
 from integrations.hf.decode_graph import DecodeGraph, graphed_forward
 from integrations.hf.install import (
     ATTENTION_NAME,
@@ -37,6 +39,8 @@ from integrations.hf.install import (
     model_fingerprint,
     model_shape,
 )
+from integrations.hf.model_stats import ModelDecodeStats, model_decode_stats
+from integrations.hf.window_cache import WindowLayer
 from vecstore import Sequence, Store, StoreConfig
 from vecstore.config import load_config
 from vecstore.decoder import BatchDecoder
@@ -46,12 +50,14 @@ __all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]
 
 
 class WaveCacheLayer(CacheLayerMixin):
-    """One layer of a :class:`WaveCache`: counts tokens seen and stages each step.
+    """One full-attention layer of a :class:`WaveCache`: counts tokens seen and stages
+    each step.
 
     ``keys`` and ``values`` stay empty: the context lives in the store.
     """
 
     is_sliding = False
+    is_croppable = True
 
     def __init__(self, owner: WaveCache, layer: int, seen: int) -> None:
         super().__init__()
@@ -85,23 +91,8 @@ class WaveCacheLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise IncompatibleError("WaveCache does not support beam search (reordering rows of "
-                                "stored sequences); use greedy or sampled decoding")
 
-    def crop(self, tokens_to_remove: int) -> None:
-        raise IncompatibleError("WaveCache cannot crop stored tokens (assisted decoding and "
-                                "rollbacks are not supported)")
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise IncompatibleError("WaveCache cannot repeat batch rows; expand the inputs before "
-                                "the first forward pass instead")
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise IncompatibleError("WaveCache cannot select batch rows")
-
-
-class WaveCache(Cache):
+class WaveCache(BranchingMixin, Cache):
     """A transformers cache backed by a vecstore store (RetroInfer's wave index).
 
     Parameters
@@ -110,7 +101,10 @@ class WaveCache(Cache):
         An open store (left open by :meth:`close`), or the configuration of a new
         in-memory store (``None`` = defaults, on the model's device).
     model : PreTrainedModel
-        A supported model (Llama, Mistral, Qwen2 families).
+        A decoder that passes :func:`~integrations.hf.capabilities.model_shape`'s checks
+        (Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3 and others). Its full-attention layers
+        go through the store; its sliding-window layers keep their window exactly, in
+        memory (:class:`~integrations.hf.window_cache.WindowLayer`).
     name : str, optional
         Sequence name in the store (a random one by default); batch row ``b`` of a
         batch of several is stored as ``"<name>.<b>"``.
@@ -124,7 +118,7 @@ class WaveCache(Cache):
     Raises
     ------
     IncompatibleError
-        If the model's architecture is not supported.
+        Naming what the model lacks (see :mod:`integrations.hf.capabilities`).
 
     Examples
     --------
@@ -160,10 +154,15 @@ class WaveCache(Cache):
         self.shape = shape
         self.fingerprint = model_fingerprint(model)
         if resumed is not None:
-            _check_sequence(resumed, shape, self.fingerprint)
+            check_sequence(resumed, shape, self.fingerprint)
             _place(resumed, shape)
         seen = resumed.num_tokens if resumed is not None else 0
-        super().__init__(layers=[WaveCacheLayer(self, i, seen) for i in range(shape.num_layers)])
+        self._slots = {layer: slot for slot, layer in enumerate(shape.store_layers)}
+        windows = shape.windows or (None,) * shape.num_layers
+        super().__init__(layers=[WaveCacheLayer(self, i, seen) if w is None else WindowLayer(w)
+                                 for i, w in enumerate(windows)])
+        self._branches = None
+        self._recording = False
         self._model = model
         self._attention = StoreAttention(store, [resumed]) if resumed is not None else None
         self._route: BatchDecoder | None = None
@@ -250,22 +249,30 @@ class WaveCache(Cache):
                 "WaveCache works only through vecstore's attention function, which it sets "
                 "while open; do not change the implementation while a WaveCache is in use")
         self._binding.stage(self, layer)
+        if self._branches is not None and self._attention is not None:
+            self._branches.commit(self.store, self._attention.seqs, self._slots[layer])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                valid: torch.Tensor | None, scale: float | None) -> torch.Tensor:
         """Attention of one layer's step (``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``).
 
-        Returns ``[B, Hq, L, D]``; see :class:`attention.StoreAttention`.
+        Returns ``[B, Hq, L, D]``; see :class:`attention.StoreAttention` (and
+        :class:`~integrations.hf.beams.Branches` once rows were reordered or recording).
         """
+        slot = self._slots[layer]
         if self._route is not None:
-            return self._route.attend(layer, q, k, v, scale if scale is not None
+            return self._route.attend(slot, q, k, v, scale if scale is not None
                                       else q.shape[-1] ** -0.5)
         if self._attention is None:
             self._attention = StoreAttention(self.store, self._create(q.shape[0]))
-        elif q.shape[0] != len(self._attention.seqs):
+        elif self._branches is None and q.shape[0] != len(self._attention.seqs):
             raise ShapeError(f"batch: this WaveCache holds {len(self._attention.seqs)} rows, "
                              f"got a step with {q.shape[0]}")
-        return self._attention(layer, q, k, v, valid=valid, scale=scale)
+        branches = self._branched(commit=True) if self._recording else self._branches
+        if branches is not None:
+            return branches.attend(self.store, self._attention.seqs, slot, q, k, v,
+                                   valid=valid, scale=scale or q.shape[-1] ** -0.5)
+        return self._attention(slot, q, k, v, valid=valid, scale=scale)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -274,8 +281,12 @@ class WaveCache(Cache):
 
     def decoder(self, batch: int) -> BatchDecoder | None:
         """The batch's fixed-shape decode steps (:meth:`attention.StoreAttention.decoder`),
-        or ``None``; for :class:`~integrations.hf.decode_graph.DecodeGraph`."""
-        if self._attention is None or batch != len(self._attention.seqs):
+        or ``None``; for :class:`~integrations.hf.decode_graph.DecodeGraph`. Models with
+        sliding-window layers (their windows grow by concatenation) and rows reordered or
+        recorded for cropping (beams, assisted decoding) decode ordinarily."""
+        if (self._attention is None or batch != len(self._attention.seqs)
+                or self._branches is not None or self._recording
+                or len(self._slots) != len(self.layers)):
             return None
         return self._attention.decoder(self.shape.num_q_heads)
 
@@ -286,7 +297,7 @@ class WaveCache(Cache):
     def _create(self, batch: int) -> list[Sequence]:
         names = [self.name] if batch == 1 else [f"{self.name}.{b}" for b in range(batch)]
         s = self.shape
-        seqs = [self.store.create(n, num_layers=s.num_layers, num_kv_heads=s.num_kv_heads,
+        seqs = [self.store.create(n, num_layers=len(s.store_layers), num_kv_heads=s.num_kv_heads,
                                   head_dim=s.head_dim, dtype=s.dtype,
                                   fingerprint=self.fingerprint) for n in names]
         for seq in seqs:
@@ -296,23 +307,17 @@ class WaveCache(Cache):
     # -- inspection ----------------------------------------------------------------------
     @property
     def sequences(self) -> list[Sequence]:
-        """The store sequences of the batch rows (empty before the first forward pass)."""
-        return list(self._attention.seqs) if self._attention is not None else []
+        """The store sequences of the batch rows (empty before the first forward pass;
+        after beam search, the ones some beam still descends from)."""
+        seqs = self._attention.seqs if self._attention is not None else []
+        return [s for s in seqs if not s.is_dropped]
 
     @property
-    def decode_stats(self) -> DecodeStats:
-        """What the decode steps read exactly and estimated, summed over layers and steps."""
-        return self._attention.decode_stats if self._attention is not None else DecodeStats()
-
-
-def cache_kwarg(model: PreTrainedModel) -> str:
-    """Name of the cache argument of ``model``'s forward and ``generate``.
-
-    transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name still works,
-    with a ``FutureWarning``); earlier 5.x releases only know ``past_key_values``.
-    """
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    def decode_stats(self) -> ModelDecodeStats:
+        """What the decode steps read exactly and estimated, summed over layers and steps,
+        with the sliding-window layers reported apart."""
+        base = self._attention.decode_stats if self._attention is not None else DecodeStats()
+        return model_decode_stats(base, self._branches, self.shape, self.layers)
 
 
 def _config_for(config: StoreConfig | Mapping[str, Any] | str | Path | None,
@@ -327,22 +332,6 @@ def _config_for(config: StoreConfig | Mapping[str, Any] | str | Path | None,
 def _place(seq: Sequence, shape: ModelShape) -> None:
     """Keep each layer's state on the device its model layer runs on, so a model spread
     over several GPUs never copies KV across devices during decode."""
-    if len(set(shape.layer_devices)) > 1:
-        seq.place(list(shape.layer_devices))
-
-
-def _check_sequence(seq: Sequence, shape: ModelShape, fingerprint: str) -> None:
-    for what, stored, model in (("num_layers", seq.num_layers, shape.num_layers),
-                                ("num_kv_heads", seq.num_kv_heads, shape.num_kv_heads),
-                                ("head_dim", seq.head_dim, shape.head_dim),
-                                ("dtype", seq.dtype, shape.dtype)):
-        if stored != model:
-            raise IncompatibleError(f"sequence {seq.name!r}: {what} is {stored} in the store "
-                                    f"but {model} in the model")
-    if seq.fingerprint != fingerprint:
-        raise IncompatibleError(f"sequence {seq.name!r} was built for model "
-                                f"{seq.fingerprint!r}, not for this one ({fingerprint!r})")
-    counts = {seq.tokens(layer) for layer in range(seq.num_layers)}
-    if len(counts) != 1:
-        raise IncompatibleError(f"sequence {seq.name!r} is incomplete: its layers hold "
-                                f"{sorted(counts)} tokens")
+    devices = [shape.layer_devices[layer] for layer in shape.store_layers]
+    if len(set(devices)) > 1:
+        seq.place(devices)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from integrations.hf.cache_arg import cache_kwarg
 from vecstore.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError
 from vecstore.tail import writing
@@ -192,8 +193,6 @@ class DecodeGraph:
         return torch.full_like(ids, self.cache.get_seq_length())
 
     def _cache_kwarg(self) -> str:
-        from integrations.hf.cache import cache_kwarg
-
         return cache_kwarg(self.cache.model)
 
 

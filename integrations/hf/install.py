@@ -21,7 +21,6 @@ import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,20 +28,17 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from integrations.hf.attention_fn import BINDING_ATTR, vecstore_attention, vecstore_mask
-from vecstore.errors import IncompatibleError, InvalidValueError
+from integrations.hf.capabilities import ModelShape, attention_modules, model_shape
+from vecstore.errors import IncompatibleError
 
 if TYPE_CHECKING:
     from integrations.hf.cache import WaveCache
 
-__all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "ModelBinding", "ModelShape", "install",
-           "model_shape", "model_fingerprint"]
+__all__ = ["ATTENTION_NAME", "ModelBinding", "ModelShape", "install", "model_shape",
+           "model_fingerprint"]
 
 ATTENTION_NAME = "vecstore"
 """The name the attention and mask functions are registered under."""
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-"""Decoder-only, full-attention, RoPE, GQA architectures whose attention modules call
-``cache.update`` and then the registered attention function."""
 
 _MISSING = object()
 
@@ -114,12 +110,6 @@ class ModelBinding:
         return staged[0]
 
 
-def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [m for m in model.modules()
-            if isinstance(getattr(m, "layer_idx", None), int)
-            and hasattr(m, "num_key_value_groups")]
-
-
 @contextmanager
 def _attach(model: PreTrainedModel) -> Iterator[ModelBinding]:
     binding = getattr(model, BINDING_ATTR, None)
@@ -130,7 +120,7 @@ def _attach(model: PreTrainedModel) -> Iterator[ModelBinding]:
             raise IncompatibleError(f"model: {type(model).__name__} cannot switch its attention "
                                     "implementation (it does not dispatch through "
                                     "transformers' AttentionInterface)")
-        for module in [model, *_attention_modules(model)]:
+        for module in [model, *attention_modules(model)]:
             setattr(module, BINDING_ATTR, binding)
     binding.users += 1
     try:
@@ -138,7 +128,7 @@ def _attach(model: PreTrainedModel) -> Iterator[ModelBinding]:
     finally:
         binding.users -= 1
         if binding.users == 0:
-            for module in [model, *_attention_modules(model)]:
+            for module in [model, *attention_modules(model)]:
                 delattr(module, BINDING_ATTR)
             model.set_attn_implementation(binding.previous_implementation)
 
@@ -150,8 +140,9 @@ def install(model: PreTrainedModel | None = None) -> Iterator[ModelBinding | Non
     Parameters
     ----------
     model : PreTrainedModel, optional
-        A supported model (:data:`SUPPORTED_MODEL_TYPES`); its attention implementation
-        becomes ``"vecstore"`` until the last install of it exits.
+        A model that passes :func:`~integrations.hf.capabilities.model_shape`'s checks;
+        its attention implementation becomes ``"vecstore"`` until the last install of it
+        exits.
 
     Yields
     ------
@@ -161,7 +152,7 @@ def install(model: PreTrainedModel | None = None) -> Iterator[ModelBinding | Non
     Raises
     ------
     IncompatibleError
-        If ``model``'s architecture is not supported.
+        If ``model`` lacks a capability vecstore needs (named in the message).
 
     Examples
     --------
@@ -185,86 +176,13 @@ def install(model: PreTrainedModel | None = None) -> Iterator[ModelBinding | Non
         _unregister(reg)
 
 
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """The attention shape of a model, what a stored sequence must match.
-
-    Attributes
-    ----------
-    num_layers, num_q_heads, num_kv_heads, head_dim : int
-        Decoder layers, query heads, KV heads and head dimension.
-    dtype : torch.dtype
-        Parameter dtype (the KV dtype).
-    device : torch.device
-        Where the model's parameters live.
-    layer_devices : tuple[torch.device, ...]
-        The device each decoder layer's attention runs on (differs per layer for models
-        dispatched over several GPUs, e.g. by accelerate's ``device_map="auto"``).
-    """
-
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device
-    layer_devices: tuple[torch.device, ...]
-
-
-def model_shape(model: Any) -> ModelShape:
-    """Check that vecstore supports ``model`` and return its attention shape.
-
-    Raises
-    ------
-    IncompatibleError
-        Naming the architecture and what is supported.
-    """
-    config = getattr(model, "config", None)
-    if not isinstance(model, PreTrainedModel) or config is None:
-        raise InvalidValueError(f"model: expected a transformers PreTrainedModel, got "
-                                f"{type(model).__name__}")
-    kind = getattr(config, "model_type", None)
-    if kind not in SUPPORTED_MODEL_TYPES:
-        raise IncompatibleError(
-            f"model: architecture {kind!r} is not supported by vecstore's transformers "
-            f"integration; supported: {', '.join(SUPPORTED_MODEL_TYPES)} (decoder-only, "
-            "full attention in every layer)")
-    types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    mistral_window = kind == "mistral" and getattr(config, "sliding_window", None) is not None
-    if types != {"full_attention"} or mistral_window:
-        raise IncompatibleError(
-            f"model: {kind} with sliding-window layers is not supported (vecstore attends to "
-            "the whole context); use a config with sliding_window=None / full attention")
-    modules = _attention_modules(model)
-    if len(modules) != config.num_hidden_layers:
-        raise IncompatibleError(f"model: found {len(modules)} attention modules for "
-                                f"{config.num_hidden_layers} layers")
-    param = next(model.parameters())
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return ModelShape(num_layers=config.num_hidden_layers,
-                      num_q_heads=config.num_attention_heads,
-                      num_kv_heads=config.num_key_value_heads, head_dim=head_dim,
-                      dtype=param.dtype, device=param.device,
-                      layer_devices=tuple(_execution_device(m) for m in sorted(
-                          modules, key=lambda m: m.layer_idx)))
-
-
-def _execution_device(module: torch.nn.Module) -> torch.device:
-    """Where ``module`` computes: its weights' device, or accelerate's execution device
-    when the weights are offloaded (kept on ``meta`` until the forward pass)."""
-    device = next(module.parameters()).device
-    hook = getattr(module, "_hf_hook", None)
-    if device.type == "meta" and getattr(hook, "execution_device", None) is not None:
-        return torch.device(hook.execution_device)
-    return device
-
-
 def model_fingerprint(model: PreTrainedModel) -> str:
     """A short digest of what makes a model's KV cache meaningful to it.
 
     It covers the architecture (type, layers, heads, head dimension, hidden size, RoPE
-    settings, vocabulary), the dtype, and the first layer's key projection weights, so
-    a store built by another checkpoint of the same architecture is told apart.
+    settings, vocabulary, sliding windows), the dtype, and the first layer's key
+    projection weights (its first attention weights when it has no ``k_proj``), so a
+    store built by another checkpoint of the same architecture is told apart.
 
     Returns
     -------
@@ -280,8 +198,12 @@ def model_fingerprint(model: PreTrainedModel) -> str:
         "vocab_size": config.vocab_size, "dtype": str(shape.dtype),
         "rope": getattr(config, "rope_parameters", None),
     }
+    if shape.windowed_layers:
+        fields["windows"] = shape.windows
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode())
-    k_proj = getattr(_attention_modules(model)[0], "k_proj", None)
-    if k_proj is not None:
-        digest.update(k_proj.weight.detach().to("cpu", torch.float32).numpy().tobytes())
+    first = attention_modules(model)[0]
+    k_proj = getattr(first, "k_proj", None)
+    weight = k_proj.weight if k_proj is not None else next(first.parameters())
+    if weight.device.type != "meta":
+        digest.update(weight.detach().to("cpu", torch.float32).numpy().tobytes())
     return f"{config.model_type}-{digest.hexdigest()[:16]}"

