@@ -7,6 +7,7 @@ from vecstore.cache import POLICIES
 from vecstore.cluster import CLUSTERERS
 from vecstore.config import StoreConfig
 from vecstore.executor import EXECUTORS
+from vecstore.executor.base import resolve_kind
 from vecstore.index import INDEXES
 
 __all__ = ["check_plugins"]
@@ -29,5 +30,5 @@ def check_plugins(config: StoreConfig) -> None:
     """
     INDEXES.get(config.index.kind)
     CLUSTERERS.get(config.cluster.kind)
-    EXECUTORS.get(config.executor.kind)
+    EXECUTORS.get(resolve_kind(config.executor.kind, config.executor.device))
     POLICIES.get(config.cache.policy)
