@@ -34,6 +34,16 @@ def _wave(cache: WaveCache) -> None:
     cache.store._executor.backend = "triton"
 
 
+def _decoding(model, cache: WaveCache, ids: torch.Tensor, mask: torch.Tensor,
+              steps: int) -> None:
+    """Prefill ``ids`` then decode ``steps`` steps of their last tokens (no positions)."""
+    kw = cache_kwarg(model)
+    _wave(cache)
+    model(ids, attention_mask=mask, use_cache=True, **{kw: cache})
+    for _ in range(steps):
+        model(ids[:, -1:], use_cache=True, **{kw: cache})
+
+
 @pytest.mark.parametrize(("arch", "lengths"), [("llama", [30, 45, 21]), ("qwen2", [40])])
 def test_fixed_shape_steps_equal_ordinary_steps_across_flushes(arch, lengths):
     model = tiny_model(arch, 4, 2, seed=1)
@@ -86,11 +96,8 @@ def test_nan_step_is_reported_and_not_stored():
     ids, mask = left_padded([50, 64], seed=4)
     kw = cache_kwarg(model)
     with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
-        _wave(cache)
-        model(ids, attention_mask=mask, use_cache=True, **{kw: cache})
+        _decoding(model, cache, ids, mask, 3)
         nxt = ids[:, -1:]
-        for _ in range(3):
-            model(nxt, use_cache=True, **{kw: cache})
         counts = [s.num_tokens for s in cache.sequences]
         seen = cache.get_seq_length()
         embed = model.get_input_embeddings().weight
@@ -127,11 +134,8 @@ def test_inference_mode_decoding_then_stats_and_queries_outside():
     ids, mask = left_padded([40, 40], seed=6)
     kw = cache_kwarg(model)
     with WaveCache(WAVE, model, cuda_graphs=True) as cache:
-        _wave(cache)
         with torch.inference_mode():  # buffers made here are inference tensors
-            model(ids, use_cache=True, **{kw: cache})
-            for _ in range(4):
-                model(ids[:, -1:], use_cache=True, **{kw: cache})
+            _decoding(model, cache, ids, mask, 4)
         assert cache.graph.static_steps == 3
         assert cache.decode_stats.queries == 4 * 2  # read outside inference mode
         assert cache.decode_stats.queries == 4 * 2  # and again: nothing counted twice
