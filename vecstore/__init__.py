@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     Config = StoreConfig
 
-__version__ = "0.1.0"
+from vecstore.version import __version__ as __version__
 
 __all__ = ["Config", "Store", "StoreConfig", "Sequence", "QueryResult", "QueryStats",
            "SearchResult", "errors", "__version__"]

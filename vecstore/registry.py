@@ -48,6 +48,25 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a plug-in registered for a while, e.g. by a test).
+
+        Raises
+        ------
+        ConfigError
+            If no such name is registered.
+
+        Examples
+        --------
+        >>> r: Registry[type] = Registry("thing")
+        >>> _ = r.register("temp")(int)
+        >>> r.unregister("temp")
+        >>> "temp" in r
+        False
+        """
+        self.get(name)
+        del self._items[name]
+
     def get(self, name: str) -> T:
         """Return the implementation registered as ``name``.
 

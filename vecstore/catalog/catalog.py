@@ -36,6 +36,7 @@ from vecstore.catalog.schema import (
 )
 from vecstore.catalog.writes import apply_changes, insert_sequence
 from vecstore.errors import CatalogError, CorruptionError, SchemaVersionError
+from vecstore.version import __version__
 
 __all__ = ["Catalog"]
 
@@ -75,7 +76,6 @@ class Catalog:
     @staticmethod
     def initialize(path: Path, config: dict[str, Any]) -> None:
         """Write a new, empty catalog at ``path`` (which must not exist yet)."""
-        from vecstore import __version__
 
         engine = make_engine(path, read_only=False)
         try:

@@ -228,7 +228,6 @@ def test_unknown_kind_is_a_config_error():
 
 
 # -- the wave buffer charges the store's GPU budget --------------------------------------
-@EXECUTORS.register("test_buffered")
 class _BufferedExecutor(TorchExecutor):
     """The reference, plus a wave buffer per view built the way WaveExecutor builds one."""
 
@@ -251,6 +250,14 @@ class _BufferedExecutor(TorchExecutor):
         buf = self.buffers.pop(id(view), None)
         if buf is not None:
             buf.close()
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    """The test executor is registered for the tests of this module only."""
+    EXECUTORS.register("test_buffered")(_BufferedExecutor)
+    yield
+    EXECUTORS.unregister("test_buffered")
 
 
 def _buffered(kind: str = "pinned", gpu: float = 0.0) -> dict:
