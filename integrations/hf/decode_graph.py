@@ -81,7 +81,10 @@ class DecodeGraph:
         if not self._is_decode_step(kwargs):
             return self.forward(**kwargs)
         dec = self.decoder
-        if dec is None or not dec.is_current() or dec.flush_due:
+        if dec is None or not dec.is_current():
+            return self._ordinary(kwargs)
+        if dec.flush_due:  # the decoder's last steps are checked before it goes
+            self._begin(dec, wait=True)
             return self._ordinary(kwargs)
         self._begin(dec)
         key = self._key(kwargs)
@@ -106,12 +109,16 @@ class DecodeGraph:
                 and ids.shape[1] == 1 and kwargs.get("inputs_embeds") is None
                 and self.cache.sequences != [] and not self.cache.is_closed)
 
-    def _begin(self, dec: BatchDecoder) -> None:
-        """Start a step; when an earlier one is found to have stored a NaN/Inf, the
-        decoder drops its tokens and raises: the layers forget them too."""
+    def _begin(self, dec: BatchDecoder, *, wait: bool = False) -> None:
+        """Start a step (``wait``: only check the steps so far, waiting for the device);
+        when an earlier one is found to have stored a NaN/Inf, the decoder drops its
+        tokens and raises: the layers forget them too."""
         tokens = dec.tail_tokens
         try:
-            dec.begin()
+            if wait:
+                dec.check(wait=True)
+            else:
+                dec.begin()
         except InvalidValueError:
             for layer in self.cache.layers:
                 layer.seen -= tokens - dec.tail_tokens

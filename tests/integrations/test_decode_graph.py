@@ -144,3 +144,28 @@ def test_inference_mode_decoding_then_stats_and_queries_outside():
                 model(ids[:, -1:], use_cache=True, **{kw: cache})
         assert cache.decode_stats.queries == 6 * 2
         assert [s.num_tokens for s in cache.sequences] == [46, 46]
+
+
+def test_nan_in_the_last_step_before_a_flush_is_reported_before_the_flush():
+    model = tiny_model("llama", 4, 2)
+    ids, mask = left_padded([40, 40], seed=7)
+    kw = cache_kwarg(model)
+    with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
+        _decoding(model, cache, ids, mask, 1)
+        nxt = ids[:, -1:]
+        while True:  # fixed-shape steps until the next one is the last before a flush
+            model(nxt, use_cache=True, **{kw: cache})
+            dec = cache.graph.decoder
+            if dec.tail_tokens + 2 - dec.window >= dec.update:
+                break
+        counts = [s.num_tokens for s in cache.sequences]
+        embed = model.get_input_embeddings().weight
+        saved = embed[nxt[0, 0]].clone()
+        embed.data[nxt[0, 0]] = float("inf")
+        model(nxt, use_cache=True, **{kw: cache})  # stored by a fixed-shape step
+        embed.data[nxt[0, 0]] = saved
+        assert dec.flush_due
+        with pytest.raises(InvalidValueError, match="NaN or Inf"):
+            model(nxt, use_cache=True, **{kw: cache})  # checked before the ordinary step
+        assert [s.num_tokens for s in cache.sequences] == counts
+        assert all(torch.isfinite(s.layers[0].steady()[0]).all() for s in cache.sequences)
