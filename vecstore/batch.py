@@ -154,17 +154,15 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     dev = states[0].device
     if _same_shapes(states) and len({id(st) for st in states}) == len(states):
         n = states[0].pending_keys.shape[1]
-        sinks = states[0].sink_keys.shape[1]
+        a = states[0].config.attention
         tail = states[0].tail_buffer
-        held = tail is not None and tail.holds(states, n)
-        if not held and sinks == states[0].config.attention.sink_tokens:
-            # the rows' steady zones move into one buffer (once): later queries and decode
-            # appends use it in place
-            a = states[0].config.attention
-            tail = TailBuffer.gather(states, max(a.window_tokens + a.update_tokens, n))
-            held = True
-        if held:
-            assert tail is not None
+        if tail is None or not tail.holds(states, n):
+            # the rows' steady zones move into one buffer (once) if their sinks are full:
+            # later queries and decode appends use it in place
+            full = states[0].sink_keys.shape[1] == a.sink_tokens
+            tail = TailBuffer.gather(states, max(a.window_tokens + a.update_tokens, n)
+                                     ) if full else None
+        if tail is not None:
             return Steady(tail.keys, tail.values, tail.lengths(n), True)
     parts = [st.steady() for st in states]
     sizes = [k.shape[1] for k, _ in parts]

@@ -31,9 +31,15 @@ if TYPE_CHECKING:
     from vecstore.layer import LayerState
     from vecstore.sequence import Sequence
 
-__all__ = ["BatchDecoder", "LayerStep"]
+__all__ = ["BatchDecoder", "LayerStep", "flush_due"]
 
 _NONE = 2**62  # no bad column seen
+
+
+def flush_due(tail_tokens: int, window: int, update: int) -> bool:
+    """Whether one more token makes tails of ``tail_tokens`` index a segment
+    (``attention.window_tokens`` and ``attention.update_tokens``)."""
+    return tail_tokens + 1 - window >= update
 
 
 @dataclass(eq=False, slots=True)
@@ -44,7 +50,6 @@ class LayerStep:
     states: list[LayerState]
     tail: TailBuffer
     prep: PreparedView
-    kv_heads: int  # step_stats counts tokens per KV head
 
 
 class BatchDecoder:
@@ -94,7 +99,7 @@ class BatchDecoder:
     def flush_due(self) -> bool:
         """Whether the next step's token makes the tails index a segment (run it through
         the store's ordinary path, then build a new decoder)."""
-        return self.tail_tokens + 1 - self.window >= self.update
+        return flush_due(self.tail_tokens, self.window, self.update)
 
     def is_current(self) -> bool:
         """Whether the sequences are still exactly as this decoder left them (nothing
@@ -197,8 +202,9 @@ class BatchDecoder:
                                                            v.flatten()])).all()
             res = self.executor.decode(step.prep, Steady(tail.keys, tail.values,
                                                          self.lengths), q[:, :, 0], scale)
+            # step_stats counts tokens per KV head
             self.stats[layer].add_(step_stats(res, self.lengths, step.prep.tokens_total,
-                                              step.kv_heads))
+                                              tail.keys.shape[1]))
         return res.out[:, :, None]
 
     def end(self) -> None:

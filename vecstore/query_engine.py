@@ -10,14 +10,13 @@ import torch
 from vecstore.batch import BatchViews, stack_steady
 from vecstore.buffer.budget import charging
 from vecstore.checks import check_finite, check_index, check_tensor
-from vecstore.decoder import BatchDecoder, LayerStep
+from vecstore.decoder import BatchDecoder, LayerStep, flush_due
 from vecstore.errors import CapacityError, InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Executor
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import MemoryAccount
 from vecstore.sequence import Sequence
-from vecstore.tail import TailBuffer
 from vecstore.types import QueryResult, QueryStats
 
 if TYPE_CHECKING:
@@ -144,21 +143,19 @@ class QueryEngine:
         first = seqs[0]
         a = store.config.attention
         n = first.layers[0].pending_keys.shape[1]
-        if n + 1 - a.window_tokens >= a.update_tokens:
+        if flush_due(n, a.window_tokens, a.update_tokens):
             return None  # the next step indexes the tails: an ordinary step
+        dev = first.layers[0].device
         q = torch.empty(len(seqs), num_q_heads, 1, first.head_dim, dtype=first.dtype,
-                        device=first.layers[0].device)
+                        device=dev)
         layers = []
         for layer in range(first.num_layers):
             states = [s.layers[layer] for s in seqs]
-            if (states[0].device != first.layers[0].device
-                    or len({id(st) for st in states}) != len(seqs)
-                    or any(st.pending_keys.shape[1] != n
-                           or st.sink_keys.shape[1] != a.sink_tokens for st in states)):
+            if states[0].device != dev or states[0].pending_keys.shape[1] != n:
                 return None
-            tail = states[0].tail_buffer
-            if tail is None or not tail.holds(states, n) or tail.capacity <= n:
-                tail = TailBuffer.gather(states, a.window_tokens + a.update_tokens)
+            # equal rows share a tail buffer (gathered now if they do not yet)
+            if not stack_steady(seqs, layer).persistent:
+                return None
             index, config = store.index_for(layer), store.config.for_layer(layer)
             try:
                 view = self._batch_views.view(seqs, layer)
@@ -166,10 +163,10 @@ class QueryEngine:
                 return None
             if not executor.can_run(index, view, q, config):
                 return None
-            assert view is not None
+            assert view is not None and states[0].tail_buffer is not None
             with charging(store.placement.device_account):
                 prep = executor.prepare(view, config, index)
-            layers.append(LayerStep(states, tail, prep, first.num_kv_heads))
+            layers.append(LayerStep(states, states[0].tail_buffer, prep))
         return BatchDecoder(executor, seqs, layers, n, a.window_tokens, a.update_tokens)
 
     def retire(self, view: IndexView) -> None:

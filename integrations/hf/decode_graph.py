@@ -74,6 +74,7 @@ class DecodeGraph:
         self.captures = 0
         functools.update_wrapper(self, forward, updated=())
         self._signature = inspect.signature(forward)
+        self._cache_name = cache_kwarg(cache.model)  # before the graph stands in
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args:  # named, as the model's forward names them
@@ -165,7 +166,7 @@ class DecodeGraph:
         self.cache.route(self.decoder)
         try:
             out = self.forward(**inputs, **other, attention_mask=None,
-                               **{self._cache_kwarg(): self.cache})
+                               **{self._cache_name: self.cache})
             self.decoder.end()
         finally:
             self.cache.route(None)
@@ -198,9 +199,6 @@ class DecodeGraph:
         """Positions of the step's tokens when the caller gave none (as the model infers
         them: the tokens seen so far)."""
         return torch.full_like(ids, self.cache.get_seq_length())
-
-    def _cache_kwarg(self) -> str:
-        return cache_kwarg(self.cache.model)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from integrations.hf.decode_graph import DecodeGraph
 from tests.integrations.exact_decode import exact_decode
 from tests.integrations.hf_models import generate, left_padded, tiny_model
 from tests.syncs import HostSyncs
+from vecstore.decoder import flush_due
 from vecstore.errors import InvalidValueError
 from vecstore.executor.wave_exec import WaveExecutor
 
@@ -91,6 +92,17 @@ def test_fixed_shape_step_does_not_sync():
         assert stats.tokens_total == 3 * sum(60 + 75 + 2 * (t + 1) for t in range(4))
 
 
+def _step_with(model, cache: WaveCache, nxt: torch.Tensor, value: float) -> None:
+    """One decode step whose first row's token embeds as ``value`` everywhere."""
+    embed = model.get_input_embeddings().weight
+    saved = embed[nxt[0, 0]].clone()
+    embed.data[nxt[0, 0]] = value
+    try:
+        model(nxt, use_cache=True, **{cache_kwarg(model): cache})
+    finally:
+        embed.data[nxt[0, 0]] = saved
+
+
 def test_nan_step_is_reported_and_not_stored():
     model = tiny_model("llama", 4, 2)
     ids, mask = left_padded([50, 64], seed=4)
@@ -100,11 +112,7 @@ def test_nan_step_is_reported_and_not_stored():
         nxt = ids[:, -1:]
         counts = [s.num_tokens for s in cache.sequences]
         seen = cache.get_seq_length()
-        embed = model.get_input_embeddings().weight
-        saved = embed[nxt[0, 0]].clone()
-        embed.data[nxt[0, 0]] = float("nan")
-        model(nxt, use_cache=True, **{kw: cache})  # stored, found at the next step's start
-        embed.data[nxt[0, 0]] = saved
+        _step_with(model, cache, nxt, float("nan"))  # stored, found at the next step's start
         with pytest.raises(InvalidValueError, match="NaN or Inf.*1 token"):
             model(nxt, use_cache=True, **{kw: cache})
         assert [s.num_tokens for s in cache.sequences] == counts
@@ -156,14 +164,10 @@ def test_nan_in_the_last_step_before_a_flush_is_reported_before_the_flush():
         while True:  # fixed-shape steps until the next one is the last before a flush
             model(nxt, use_cache=True, **{kw: cache})
             dec = cache.graph.decoder
-            if dec.tail_tokens + 2 - dec.window >= dec.update:
+            if flush_due(dec.tail_tokens + 1, dec.window, dec.update):
                 break
         counts = [s.num_tokens for s in cache.sequences]
-        embed = model.get_input_embeddings().weight
-        saved = embed[nxt[0, 0]].clone()
-        embed.data[nxt[0, 0]] = float("inf")
-        model(nxt, use_cache=True, **{kw: cache})  # stored by a fixed-shape step
-        embed.data[nxt[0, 0]] = saved
+        _step_with(model, cache, nxt, float("inf"))  # stored by a fixed-shape step
         assert dec.flush_due
         with pytest.raises(InvalidValueError, match="NaN or Inf"):
             model(nxt, use_cache=True, **{kw: cache})  # checked before the ordinary step
