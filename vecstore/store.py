@@ -455,9 +455,9 @@ class Store:
         model's whole decode forward (:class:`~vecstore.decoder.BatchDecoder`), or ``None``
         when the batch does not qualify: the store is persisted (each step commits its
         tail), the executor is not the fused ``wave`` one or cannot run a layer, the rows'
-        steady zones do not share a buffer with equal tails (decode a step through
-        :meth:`append_batch` and :meth:`query` first; :meth:`seal` equalizes tails), or the
-        next step indexes the tails. ``num_q_heads`` is the queries' head count.
+        tails are not equally long behind full sinks (:meth:`seal` equalizes tails), or
+        the next step indexes the tails. Rows that qualify share one steady buffer from
+        then on. ``num_q_heads`` is the queries' head count.
         """
         return self._queries.decoder(seqs, num_q_heads)
 
