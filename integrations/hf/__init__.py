@@ -19,9 +19,9 @@ Importing this package registers nothing.
 
 from integrations.hf.attention_fn import StepMask as StepMask
 from integrations.hf.cache import WaveCache as WaveCache
-from integrations.hf.cache import WaveCacheLayer as WaveCacheLayer
 from integrations.hf.cache_arg import cache_arg as cache_arg
 from integrations.hf.cache_arg import cache_kwarg as cache_kwarg
+from integrations.hf.cache_layer import WaveCacheLayer as WaveCacheLayer
 from integrations.hf.capabilities import TESTED_MODEL_TYPES as TESTED_MODEL_TYPES
 from integrations.hf.capabilities import ModelShape as ModelShape
 from integrations.hf.capabilities import model_shape as model_shape

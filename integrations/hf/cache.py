@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Cache, CacheLayerMixin, PreTrainedModel
+from transformers import Cache, PreTrainedModel
 
 from attention import DecodeStats, StoreAttention
 from integrations.hf.branching import BranchingMixin
 from integrations.hf.cache_arg import cache_kwarg
+from integrations.hf.cache_layer import WaveCacheLayer
 from integrations.hf.capabilities import check_sequence
 from integrations.hf.decode_graph import DecodeGraph, graphed_forward
 from integrations.hf.install import (
@@ -47,49 +48,6 @@ from vecstore.decoder import BatchDecoder
 from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
 
 __all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]
-
-
-class WaveCacheLayer(CacheLayerMixin):
-    """One full-attention layer of a :class:`WaveCache`: counts tokens seen and stages
-    each step.
-
-    ``keys`` and ``values`` stay empty: the context lives in the store.
-    """
-
-    is_sliding = False
-    is_croppable = True
-
-    def __init__(self, owner: WaveCache, layer: int, seen: int) -> None:
-        super().__init__()
-        self.owner = owner
-        self.layer = layer
-        self.seen = seen
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, H, _, D = key_states.shape
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states.new_empty(B, H, 0, D)
-        self.values = value_states.new_empty(B, H, 0, D)
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage the step for this layer's attention call; returns the step's own KV."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.owner.stage(self.layer)
-        self.seen += key_states.shape[-2]
-        return key_states, value_states
-
-    def get_seq_length(self) -> int:
-        """Every position seen (padding included), as transformers' masks count them."""
-        return self.seen
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.seen + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class WaveCache(BranchingMixin, Cache):
