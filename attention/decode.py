@@ -47,8 +47,8 @@ def ingest(store: Store, seqs: list[Sequence], layer: int, k: torch.Tensor, v: t
     for b, seq in enumerate(seqs):
         keep = valid[b].nonzero().flatten()
         if keep.numel():
-            seq._append(layer, k[b].index_select(1, keep), v[b].index_select(1, keep),
-                        finite=finite, whole_segments=whole_segments)
+            seq.append(layer, k[b].index_select(1, keep), v[b].index_select(1, keep),
+                       finite=finite, whole_segments=whole_segments)
 
 
 def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import MemoryAccount, shape_bytes
-from vecstore.tail import TailBuffer
-
-if TYPE_CHECKING:
-    from vecstore.layer import LayerState
-    from vecstore.sequence import Sequence
+from vecstore.kvstore.placement import Placement
+from vecstore.layer_state import LayerState
+from vecstore.sequence import Sequence
+from vecstore.shared_tail import gather, holds
 
 __all__ = ["BatchViews", "stack_steady", "empty_view"]
 
@@ -30,25 +27,27 @@ class BatchViews:
     the device's ``kvstore.gpu_budget_gb``) and returned when it is replaced or cleared;
     when they do not fit, :meth:`view` raises :class:`~vecstore.errors.CapacityError` and
     builds nothing. When every row is equally long and sits in device memory, the sequences
-    then read their rows from the stack (:meth:`vecstore.layer.LayerState.share_rows`,
+    then read their rows from the stack (:meth:`vecstore.layer_state.LayerState.share_rows`,
     which keeps their own charge), so the batch holds one copy of its rows and the stack's
-    charge for them is returned at once.
+    charge for them is returned at once. Stacked views replaced or cleared are handed
+    out by :meth:`take_retired` (so an executor can free what it prepared for them).
 
     Parameters
     ----------
-    accounts : callable, optional
-        ``device -> (rows account, metadata account)`` for a layer on ``device``; without
-        it nothing is charged.
-    retire : callable, optional
-        Called with a stacked view that is replaced or cleared (so an executor can free
-        what it prepared for it).
+    placement : Placement, optional
+        The store's tiers and accounts: rows are charged to the tier's account of the
+        layer's device, metadata to the device's; without it nothing is charged.
     """
 
-    def __init__(self, accounts: Callable[[torch.device], tuple[MemoryAccount, MemoryAccount]]
-                 | None = None, retire: Callable[[IndexView], None] | None = None) -> None:
-        self._accounts = accounts
-        self._retire = retire
+    def __init__(self, placement: Placement | None = None) -> None:
+        self._placement = placement
         self._cache: dict[int, _Stacked] = {}
+        self._retired: list[IndexView] = []
+
+    def take_retired(self) -> list[IndexView]:
+        """The stacked views replaced or cleared since the last call."""
+        retired, self._retired = self._retired, []
+        return retired
 
     def clear(self) -> None:
         """Retire every stacked view and return its charges."""
@@ -98,9 +97,10 @@ class BatchViews:
                 views: list[IndexView]) -> list[tuple[MemoryAccount, int]]:
         """Charge a stack of ``views``: ``[(rows account, bytes), (metadata account,
         bytes)]``, or raise :class:`CapacityError` having charged nothing."""
-        if self._accounts is None:
+        if self._placement is None:
             return []
-        rows_acct, meta_acct = self._accounts(device)
+        rows_acct = self._placement.tier(device).account
+        meta_acct = self._placement.device_account(device)
         B, n, c = len(views), max(v.keys.shape[2] for v in views), max(
             v.sizes.shape[2] for v in views)
         v0 = views[0]
@@ -123,8 +123,8 @@ class BatchViews:
         if old is None:
             return
         _release(old.charges)
-        if old.view is not None and self._retire is not None:
-            self._retire(old.view)
+        if old.view is not None:
+            self._retired.append(old.view)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +156,11 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
         n = states[0].pending_keys.shape[1]
         a = states[0].config.attention
         tail = states[0].tail_buffer
-        if tail is None or not tail.holds(states, n):
+        if tail is None or not holds(tail, states, n):
             # the rows' steady zones move into one buffer (once) if their sinks are full:
             # later queries and decode appends use it in place
             full = states[0].sink_keys.shape[1] == a.sink_tokens
-            tail = TailBuffer.gather(states, max(a.window_tokens + a.update_tokens, n)
-                                     ) if full else None
+            tail = gather(states, max(a.window_tokens + a.update_tokens, n)) if full else None
         if tail is not None:
             return Steady(tail.keys, tail.values, tail.lengths(n), True)
     parts = [st.steady() for st in states]

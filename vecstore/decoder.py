@@ -17,19 +17,17 @@ store's ordinary append and query, then builds a new decoder.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from vecstore.errors import InvalidValueError
 from vecstore.executor.base import Steady
+from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.executor.wave_state import PreparedView, step_stats
+from vecstore.layer_state import LayerState
+from vecstore.sequence import Sequence
+from vecstore.shared_tail import extend
 from vecstore.tail import TailBuffer, writing
-
-if TYPE_CHECKING:
-    from vecstore.executor.wave_exec import WaveExecutor
-    from vecstore.layer import LayerState
-    from vecstore.sequence import Sequence
 
 __all__ = ["BatchDecoder", "LayerStep", "flush_due"]
 
@@ -123,7 +121,7 @@ class BatchDecoder:
         the new token, and offloaded layers' block caches queue the step's record."""
         self.tail_tokens += 1
         for step in self.layers:
-            step.tail.extend(step.states, self.tail_tokens)
+            extend(step.tail, step.states, self.tail_tokens)
             if step.prep.buffer is not None:
                 step.prep.buffer.finish_step()
         self._expect = [self._heads(step) for step in self.layers]
@@ -173,7 +171,7 @@ class BatchDecoder:
             for step in self.layers:
                 step.tail.keys[:, :, col:].zero_()
                 step.tail.values[:, :, col:].zero_()
-                step.tail.extend(step.states, tail_tokens)
+                extend(step.tail, step.states, tail_tokens)
             self.col.fill_(col)
             self.lengths.fill_(col + 1)
             self.finite.fill_(True)

@@ -8,24 +8,36 @@ import torch
 
 from vecstore.config import StoreConfig
 from vecstore.index.base import Index, IndexView, Segment
-from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
+from vecstore.kvstore.base import StoredRows
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
+from vecstore.layer_image import LayerImage, place_segments
 from vecstore.tail import TailBuffer
 
-__all__ = ["LayerState"]
+__all__ = ["LayerMark", "LayerState"]
 
 
 @dataclass(frozen=True, slots=True)
-class _Image:
-    """A layer's indexed part as placed: rows in the tier, metadata on the layer's device."""
+class LayerMark:
+    """A layer as it was when a transaction first touched it (:meth:`LayerState.mark`).
 
-    segments: list[Segment]  # rows and metadata are slices of the tensors below
-    rows: StoredRows
-    tier: KVStore
-    account: MemoryAccount  # charged ``meta_bytes`` for the metadata
-    meta_bytes: int
-    view: IndexView
+    Tensors are never modified in place (appends build new ones), so keeping
+    references is enough to restore them.
+    """
+
+    sink_keys: torch.Tensor
+    sink_values: torch.Tensor
+    pending_keys: torch.Tensor
+    pending_values: torch.Tensor
+    num_segments: int
+
+    @property
+    def num_sink(self) -> int:
+        return self.sink_keys.shape[1]
+
+    @property
+    def num_pending(self) -> int:
+        return self.pending_keys.shape[1]
 
 
 class LayerState:
@@ -43,6 +55,10 @@ class LayerState:
     layer's index view is them, without a copy. Both are charged to their budgets before
     anything changes, so a budget too small raises
     :class:`~vecstore.errors.CapacityError` and leaves the layer as it was.
+
+    Index views the layer replaces (it grew, rolled back, moved, shared its rows or was
+    released) are no longer queried: :meth:`take_retired` hands them to the engine, which
+    lets the executor free what it prepared for them.
     """
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -60,9 +76,10 @@ class LayerState:
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.version = 0  # bumped whenever segments change
         self._indexed = (0, 0)  # (version, tokens in segments) of the last count
-        self.tail_buffer: TailBuffer | None = None  # shared with a batch (vecstore.tail)
+        self.tail_buffer: TailBuffer | None = None  # shared with a batch (vecstore.shared_tail)
         self._view: IndexView | None = None
-        self._image: _Image | None = None
+        self._image: LayerImage | None = None
+        self._retired: list[IndexView] = []
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +99,29 @@ class LayerState:
     def rows(self) -> StoredRows | None:
         """The placed rows of every segment (``None`` before the first, or unplaced)."""
         return None if self._image is None else self._image.rows
+
+    def take_retired(self) -> list[IndexView]:
+        """The index views replaced since the last call, which no query will use again."""
+        retired, self._retired = self._retired, []
+        return retired
+
+    def mark(self) -> LayerMark:
+        """The layer as it is now, for :meth:`restore`."""
+        return LayerMark(self.sink_keys, self.sink_values, self.pending_keys,
+                         self.pending_values, len(self.segments))
+
+    def restore(self, mark: LayerMark) -> None:
+        """Put the layer back as it was at ``mark`` (and drop its cached view)."""
+        self.sink_keys, self.sink_values = mark.sink_keys, mark.sink_values
+        self.pending_keys, self.pending_values = mark.pending_keys, mark.pending_values
+        self.segments = self.segments[:mark.num_segments]
+        self.add_segments([])  # bumps the version and drops the cached view
+
+    def read_tail_from(self, buf: TailBuffer, row: int, n: int) -> None:
+        """Make the pending tail the first ``n`` tail tokens of ``row`` of ``buf``
+        (:mod:`vecstore.shared_tail`), which the layer reads its tail from from now on."""
+        self.tail_buffer = buf
+        self.pending_keys, self.pending_values = buf.row(row, n)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, *,
                whole_segments: bool = False) -> list[Segment]:
@@ -188,7 +228,7 @@ class LayerState:
             if self._image is not None:
                 # return the old allocation first, so a smaller one always fits; the
                 # segments keep its tensors readable until the new one is installed
-                self._free(self._image)
+                self._image.free()
                 self._image = None
             self._install(segments, self._place(segments))
         if not segments:
@@ -211,7 +251,7 @@ class LayerState:
         """
         image = self._image
         if (image is None or not isinstance(image.tier, GPUKVStore)
-                or not self._is_placed(self.segments)):
+                or not image.holds(self.segments)):
             return False
         own = image.rows
         if (keys.shape != own.keys.shape or values.shape != own.values.shape
@@ -220,20 +260,9 @@ class LayerState:
             return False
         if keys.data_ptr() == own.keys.data_ptr():
             return True
-        segments, base = [], 0
-        for seg in image.segments:
-            n = seg.num_tokens
-            segments.append(Segment(seg.start, seg.end, keys[:, base:base + n],
-                                    values[:, base:base + n], seg.offsets, seg.meta))
-            base += n
-        old = image.view
-        view = IndexView(keys=keys[None], values=values[None], offsets=old.offsets,
-                         sizes=old.sizes, meta=old.meta, num_units=old.num_units)
-        self._image = _Image(segments, StoredRows(keys, values, own.num_bytes), image.tier,
-                             image.account, image.meta_bytes, view)
-        self.segments, self._view = segments, view
-        if self.placement is not None:
-            self.placement.retire_view(old)
+        self._image = image.over_rows(keys, values)
+        self.segments, self._view = self._image.segments, self._image.view
+        self._retired.append(image.view)
         return True
 
     def release(self, *, forget: bool = True) -> None:
@@ -246,9 +275,9 @@ class LayerState:
         image = self._image
         if image is not None:
             self._image = None
-            self._free(image)
-            if self._view is not None and self.placement is not None:
-                self.placement.retire_view(self._view)
+            image.free()
+            if self._view is not None:
+                self._retired.append(self._view)
             if forget:
                 self.segments = []
                 self._view = None
@@ -256,61 +285,19 @@ class LayerState:
 
     # -- placement -----------------------------------------------------------------------
     def _is_placed(self, segments: list[Segment]) -> bool:
-        image = self._image
-        return (image is not None and len(image.segments) == len(segments)
-                and all(a is b for a, b in zip(image.segments, segments, strict=True)))
+        return self._image is not None and self._image.holds(segments)
 
     def _place(self, segments: list[Segment], device: torch.device | None = None,
-               ) -> _Image | None:
-        """Place ``segments``' rows and metadata for the layer on ``device``; charges the
-        budgets (raising :class:`CapacityError`) before allocating. Changes nothing."""
-        placement = self.placement
-        if placement is None or not segments:
+               ) -> LayerImage | None:
+        """Place ``segments`` for the layer on ``device`` (:func:`place_segments`), or
+        ``None`` without a placement or segments. Changes nothing."""
+        if self.placement is None or not segments:
             return None
         dev = self.device if device is None else torch.device(device)
-        H, D = self.num_kv_heads, self.head_dim
-        N = sum(s.num_tokens for s in segments)
-        tier = placement.tier(dev)
-        what = f"{self.label} ({len(segments)} segments, {N} tokens)"
-        old = self._image
-        # moving a placed layer between devices keeps rows whose tier does not change
-        reuse = old is not None and old.tier is tier and self._is_placed(segments)
-        rows = old.rows if reuse and old is not None else tier.allocate(
-            (H, N, D), self.dtype, f"the rows of {what}")
-        account = placement.device_account(dev)
-        units = sum(s.num_units for s in segments)
-        meta_bytes = (sum(_nbytes(v) for s in segments for v in s.meta.values())
-                      + sum(_nbytes(s.offsets) for s in segments) + 8 * H * (2 * units + 1))
-        try:
-            account.charge(meta_bytes, f"the index metadata of {what}")
-        except BaseException:
-            if not reuse:
-                tier.free(rows)
-            raise
-        # copy: nothing below fails for lack of budget
-        meta = {k: torch.cat([s.meta[k].to(dev) for s in segments], dim=1)
-                for k in segments[0].meta}
-        placed, parts, base, ubase = [], [segments[0].offsets[:, :1].to(dev)], 0, 0
-        for s in segments:
-            n, u = s.num_tokens, s.num_units
-            k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
-            if not reuse:
-                k.copy_(s.keys)
-                v.copy_(s.values)
-            offsets = s.offsets.to(dev)
-            parts.append(offsets[:, 1:] + base)
-            placed.append(Segment(s.start, s.end, k, v, offsets,
-                                  {key: t[:, ubase:ubase + u] for key, t in meta.items()}))
-            base += n
-            ubase += u
-        view_offsets = torch.cat(parts, dim=1)
-        view = IndexView(keys=rows.keys[None], values=rows.values[None],
-                         offsets=view_offsets[None], sizes=view_offsets.diff(dim=-1)[None],
-                         meta={key: t[None] for key, t in meta.items()},
-                         num_units=torch.tensor([units]))
-        return _Image(placed, rows, tier, account, meta_bytes, view)
+        return place_segments(self.placement, segments, dev, self.dtype, self.label,
+                              self._image)
 
-    def _install(self, segments: list[Segment], image: _Image | None, *,
+    def _install(self, segments: list[Segment], image: LayerImage | None, *,
                  keep: bool = False) -> None:
         """Make ``segments`` (or ``image``, their placed form) the layer's and free the old
         image, unless ``keep`` (it stays charged until the layer is placed again)."""
@@ -322,17 +309,7 @@ class LayerState:
         if not keep:
             self._image = image
             if old is not None:
-                self._free(old, keep_rows=image is not None and image.rows is old.rows)
+                old.free(keep_rows=image is not None and image.rows is old.rows)
         if old_view is not None and old_view is not self._view and self.placement is not None:
-            self.placement.retire_view(old_view)
+            self._retired.append(old_view)
         self.version += 1
-
-    @staticmethod
-    def _free(image: _Image, *, keep_rows: bool = False) -> None:
-        if not keep_rows:
-            image.tier.free(image.rows)
-        image.account.release(image.meta_bytes)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()

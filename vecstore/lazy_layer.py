@@ -1,30 +1,20 @@
-"""A reopened layer that reads its data files only when first used."""
+"""A reopened layer that reads its data files (through a loader storage provides) only
+when first used."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from vecstore.config import StoreConfig
-from vecstore.index.base import Index, Segment
+from vecstore.index.base import Index
 from vecstore.kvstore.placement import Placement
-from vecstore.layer import LayerState
+from vecstore.layer_state import LayerState
+from vecstore.storage.records import LoadedLayer
 
-__all__ = ["LoadedLayer", "LazyLayer"]
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedLayer:
-    """Everything a layer holds: ``[Hkv, S, D]`` sinks and tail, and its segments."""
-
-    sink_keys: torch.Tensor
-    sink_values: torch.Tensor
-    pending_keys: torch.Tensor
-    pending_values: torch.Tensor
-    segments: list[Segment]
+__all__ = ["LazyLayer"]
 
 
 def _lazy(name: str) -> property:

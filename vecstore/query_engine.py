@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 import torch
 
 from vecstore.batch import BatchViews, stack_steady
 from vecstore.buffer.budget import charging
 from vecstore.checks import check_finite, check_index, check_tensor
+from vecstore.config import StoreConfig
 from vecstore.decoder import BatchDecoder, LayerStep, flush_due
 from vecstore.errors import CapacityError, InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Executor
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.index.base import IndexView
-from vecstore.kvstore.base import MemoryAccount
-from vecstore.sequence import Sequence
+from vecstore.kvstore.placement import Placement
+from vecstore.layer_indexes import LayerIndexes
+from vecstore.layer_state import LayerState
+from vecstore.sequence import Sequence, SequenceOwner
 from vecstore.types import QueryResult, QueryStats
-
-if TYPE_CHECKING:
-    from vecstore.store import Store
 
 __all__ = ["QueryEngine"]
 
@@ -32,12 +32,32 @@ class QueryEngine:
     the executor frees what it prepared for a view once it is replaced) and runs a
     multi-token query of several sequences, or a batch whose stack does not fit the
     budgets, one row at a time.
+
+    Parameters
+    ----------
+    owner : SequenceOwner
+        The store: only its sequences are queried.
+    executor : Executor
+        Runs the queries.
+    config : StoreConfig
+        The store's settings.
+    placement : Placement
+        The store's tiers and budgets.
+    indexes : LayerIndexes
+        The index of each layer.
+    persistent : bool
+        Whether the store has a directory (its steps commit: no fixed-shape decoder).
     """
 
-    def __init__(self, store: Store, executor: Executor) -> None:
-        self._store = store
+    def __init__(self, owner: SequenceOwner, executor: Executor, config: StoreConfig,
+                 placement: Placement, indexes: LayerIndexes, *, persistent: bool) -> None:
+        self._owner = owner
         self._executor = executor
-        self._batch_views = BatchViews(self._accounts, self.retire)
+        self._config = config
+        self._placement = placement
+        self._indexes = indexes
+        self._persistent = persistent
+        self._batch_views = BatchViews(placement)
 
     def check(self, seqs: list[Sequence], layer: int, q: object, scale: float | None, *,
               finite: bool = True, grouped: bool = True) -> tuple[torch.Tensor, float]:
@@ -65,14 +85,13 @@ class QueryEngine:
     def check_seqs(self, seqs: object, layer: int, *, stored: bool) -> None:
         """Check that ``seqs`` is a non-empty list of live sequences of the store whose
         ``layer`` exists and agrees in KV heads, head_dim, dtype and device (and, with
-        ``stored``, holds tokens in every row)."""
-        store = self._store
-        store.check_open()
+        ``stored``, holds tokens in every row). The caller checked that the store is
+        open."""
         if not isinstance(seqs, (list, tuple)) or not seqs:
             raise InvalidValueError("seqs: expected a non-empty list of Sequence")
         first = seqs[0]
         for s in seqs:
-            if not isinstance(s, Sequence) or s._store is not store:
+            if not isinstance(s, Sequence) or s.owner is not self._owner:
                 raise InvalidValueError("seqs: every item must be a Sequence of this store")
             if s.is_dropped:
                 raise SequenceDroppedError(f"sequence {s.name!r} was dropped")
@@ -89,7 +108,6 @@ class QueryEngine:
     def run(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
             scale: float) -> QueryResult:
         """Answer a query :meth:`check` accepted."""
-        store = self._store
         q = q.to(seqs[0].layers[layer].device)
         if len(seqs) > 1 and q.shape[2] > 1:
             return self._run_rows(seqs, layer, q, scale)
@@ -100,11 +118,13 @@ class QueryEngine:
                 raise
             # no room for a stacked copy of the batch: each row reads its own view
             return self._run_rows(seqs, layer, q, scale)
+        finally:
+            self.retire_replaced([s.layers[layer] for s in seqs])
         steady = stack_steady(seqs, layer)
         # wave buffers an executor builds here charge kvstore.gpu_budget_gb up front
-        with charging(store.placement.device_account):
-            out, lse, stats = self._executor.run(store.index_for(layer), view, steady, q,
-                                                 scale, store.config.for_layer(layer))
+        with charging(self._placement.device_account):
+            out, lse, stats = self._executor.run(self._indexes.index(layer), view, steady, q,
+                                                 scale, self._config.for_layer(layer))
         return QueryResult(out=out, lse=lse, stats=stats)
 
     def _run_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
@@ -137,11 +157,11 @@ class QueryEngine:
     def decoder(self, seqs: list[Sequence], num_q_heads: int) -> BatchDecoder | None:
         """:meth:`Store.decoder <vecstore.store.Store.decoder>`."""
         self.check_seqs(seqs, 0, stored=True)
-        store, executor = self._store, self._executor
-        if store.path is not None or not isinstance(executor, WaveExecutor):
+        executor = self._executor
+        if self._persistent or not isinstance(executor, WaveExecutor):
             return None
         first = seqs[0]
-        a = store.config.attention
+        a = self._config.attention
         n = first.layers[0].pending_keys.shape[1]
         if flush_due(n, a.window_tokens, a.update_tokens):
             return None  # the next step indexes the tails: an ordinary step
@@ -156,31 +176,37 @@ class QueryEngine:
             # equal rows share a tail buffer (gathered now if they do not yet)
             if not stack_steady(seqs, layer).persistent:
                 return None
-            index, config = store.index_for(layer), store.config.for_layer(layer)
+            index, config = self._indexes.index(layer), self._config.for_layer(layer)
             try:
                 view = self._batch_views.view(seqs, layer)
             except CapacityError:
                 return None
+            finally:
+                self.retire_replaced(states)
             if not executor.can_run(index, view, q, config):
                 return None
             assert view is not None and states[0].tail_buffer is not None
-            with charging(store.placement.device_account):
+            with charging(self._placement.device_account):
                 prep = executor.prepare(view, config, index)
             layers.append(LayerStep(states, states[0].tail_buffer, prep))
         return BatchDecoder(executor, seqs, layers, n, a.window_tokens, a.update_tokens)
 
-    def retire(self, view: IndexView) -> None:
-        """Let the executor free what it prepared for ``view`` (its wave buffer: GPU
+    def retire(self, views: Iterable[IndexView]) -> None:
+        """Let the executor free what it prepared for ``views`` (their wave buffers: GPU
         memory charged to ``kvstore.gpu_budget_gb``), if it can."""
         release = getattr(self._executor, "release_view", None)
         if release is not None:
-            release(view)
+            for view in views:
+                release(view)
+
+    def retire_replaced(self, states: Iterable[LayerState]) -> None:
+        """Retire the views ``states`` and the batch views replaced since last asked."""
+        for state in states:
+            self.retire(state.take_retired())
+        self.retire(self._batch_views.take_retired())
 
     def release_views(self) -> None:
         """Retire every stacked view, return its budget charges and forget the batch views
         (after a rollback, a drop, or at close)."""
         self._batch_views.clear()
-
-    def _accounts(self, device: torch.device) -> tuple[MemoryAccount, MemoryAccount]:
-        placement = self._store.placement
-        return placement.tier(device).account, placement.device_account(device)
+        self.retire(self._batch_views.take_retired())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -16,13 +16,31 @@ from vecstore.checks import (
 from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
-from vecstore.layer import LayerState
+from vecstore.layer_state import LayerState
 from vecstore.types import QueryResult, SearchResult
 
-if TYPE_CHECKING:
-    from vecstore.store import Store
+__all__ = ["Sequence", "SequenceOwner"]
 
-__all__ = ["Sequence"]
+
+class SequenceOwner(Protocol):
+    """What a :class:`Sequence` asks of the store that holds it (a
+    :class:`vecstore.Store`): the sequence forwards its checked calls there."""
+
+    def check_open(self) -> None:
+        """Raise :class:`~vecstore.errors.StoreClosedError` if the store was closed."""
+
+    def append_tokens(self, seq: Sequence, layer: int, keys: torch.Tensor,
+                      values: torch.Tensor, *, whole_segments: bool = False) -> None:
+        """Store checked ``[Hkv, T, D]`` tokens of ``layer`` of ``seq``."""
+
+    def check_query(self, seqs: list[Sequence], layer: int, q: object,
+                    scale: float | None, *, finite: bool = True,
+                    grouped: bool = True) -> tuple[torch.Tensor, float]:
+        """Check a batched query; returns ``q`` grouped and the scale."""
+
+    def query(self, seqs: list[Sequence], layer: int, q: torch.Tensor, *,
+              scale: float | None = None, finite: bool | None = None) -> QueryResult:
+        """Attention for a batch of sequences in one call."""
 
 
 class Sequence:
@@ -40,23 +58,24 @@ class Sequence:
     (torch.Size([4, 1, 8]), 100)
     """
 
-    def __init__(self, store: Store, name: str, *, num_layers: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device,
-                 fingerprint: str | None) -> None:
-        self._store = store
+    def __init__(self, owner: SequenceOwner, name: str, *, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device, fingerprint: str | None,
+                 layers: list[LayerState]) -> None:
+        self._owner = owner
         self.name = name
-        self.num_layers = num_layers
+        self.num_layers = len(layers)
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = device
         self.fingerprint = fingerprint
         self.is_dropped = False
-        self.layers = [
-            LayerState(num_kv_heads, head_dim, dtype, device, store.index_for(layer), store.config,
-                       placement=store.placement, label=f"layer {layer} of sequence {name!r}")
-            for layer in range(num_layers)
-        ]
+        self.layers = layers
+
+    @property
+    def owner(self) -> SequenceOwner:
+        """The store holding the sequence."""
+        return self._owner
 
     def __repr__(self) -> str:
         tokens = "dropped" if self.is_dropped else f"tokens={self.layers[0].num_tokens}"
@@ -109,7 +128,8 @@ class Sequence:
         self._check_alive()
         return self.layers[check_index(layer, "layer", self.num_layers)].num_tokens
 
-    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor, *,
+               finite: bool = True, whole_segments: bool = False) -> None:
         """Store new tokens of one layer, indexing them once enough have accumulated.
 
         Parameters
@@ -119,19 +139,18 @@ class Sequence:
         keys, values : torch.Tensor
             ``[Hkv, T, D]`` of the sequence's dtype (any device; moved to the sequence's),
             post-RoPE, ``T >= 1``. Prefill in one call, decode one token at a time.
+        finite : bool
+            Scan ``keys`` and ``values`` for NaN/Inf first (a host sync on a device;
+            ``False``: the caller checked them already).
+        whole_segments : bool
+            A prefill chunk: index only whole ``index.segment_tokens`` segments
+            (:meth:`vecstore.layer_state.LayerState.append`).
 
         Raises
         ------
         ShapeError, InvalidValueError, SequenceDroppedError
             Before anything is stored.
         """
-        self._append(layer, keys, values)
-
-    def _append(self, layer: int, keys: torch.Tensor, values: torch.Tensor, *,
-                finite: bool = True, whole_segments: bool = False) -> None:
-        """:meth:`append`; ``finite=False`` skips the NaN/Inf scan (a host sync on a
-        device) for a caller that checked the tensors already; ``whole_segments``: a
-        prefill chunk (:meth:`vecstore.layer.LayerState.append`)."""
         self._check_alive()
         check_index(layer, "layer", self.num_layers)
         shape = (self.num_kv_heads, None, self.head_dim)
@@ -145,7 +164,7 @@ class Sequence:
             check_finite(keys, "keys")
             check_finite(values, "values")
         dev = self.layers[layer].device
-        self._store.append_tokens(self, layer, keys.to(dev).contiguous(),
+        self._owner.append_tokens(self, layer, keys.to(dev).contiguous(),
                                   values.to(dev).contiguous(), whole_segments=whole_segments)
 
     def query(self, layer: int, q: torch.Tensor, *, scale: float | None = None) -> QueryResult:
@@ -167,7 +186,7 @@ class Sequence:
             ``out [Hq, L, D]``, ``lse [Hq, L]`` and stats.
         """
         self._check_alive()
-        res = self._store.query([self], layer, _as_batch(q), scale=scale)
+        res = self._owner.query([self], layer, _as_batch(q), scale=scale)
         return QueryResult(out=res.out[0], lse=res.lse[0], stats=res.stats)
 
     def search(self, layer: int, q: torch.Tensor, k: int, *,
@@ -185,7 +204,7 @@ class Sequence:
         self._check_alive()
         check_positive_int(k, "k")
         check_index(layer, "layer", self.num_layers)
-        qg, scale = self._store.check_query([self], layer, _as_batch(q), scale)
+        qg, scale = self._owner.check_query([self], layer, _as_batch(q), scale)
         state = self.layers[layer]
         if k > state.num_tokens:
             raise InvalidValueError(f"k: expected at most {state.num_tokens} (the tokens of "
@@ -250,7 +269,7 @@ class Sequence:
     def _check_alive(self) -> None:
         if self.is_dropped:
             raise SequenceDroppedError(f"sequence {self.name!r} was dropped")
-        self._store.check_open()
+        self._owner.check_open()
 
 
 def _as_batch(q: object) -> torch.Tensor:

@@ -2,52 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from vecstore.layer_indexes import LayerIndexes
+from vecstore.layer_state import LayerMark, LayerState
+from vecstore.sequence import Sequence
+from vecstore.storage.records import Changes, LayerWrite, NewSequenceSpec, SequenceEvent
 
-import torch
-
-from vecstore.layer import LayerState
-
-if TYPE_CHECKING:
-    from vecstore.sequence import Sequence
-
-__all__ = ["LayerMark", "Transaction"]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerMark:
-    """A layer as it was when the transaction first touched it.
-
-    Tensors are never modified in place (appends build new ones), so keeping
-    references is enough to restore them.
-    """
-
-    sink_keys: torch.Tensor
-    sink_values: torch.Tensor
-    pending_keys: torch.Tensor
-    pending_values: torch.Tensor
-    num_segments: int
-
-    @property
-    def num_sink(self) -> int:
-        return self.sink_keys.shape[1]
-
-    @property
-    def num_pending(self) -> int:
-        return self.pending_keys.shape[1]
-
-    @staticmethod
-    def of(state: LayerState) -> LayerMark:
-        return LayerMark(state.sink_keys, state.sink_values, state.pending_keys,
-                         state.pending_values, len(state.segments))
-
-    def restore(self, state: LayerState) -> None:
-        """Put ``state`` back as it was (and invalidate its cached view)."""
-        state.sink_keys, state.sink_values = self.sink_keys, self.sink_values
-        state.pending_keys, state.pending_values = self.pending_keys, self.pending_values
-        state.segments = state.segments[:self.num_segments]
-        state.add_segments([])  # bumps the version and drops the cached view
+__all__ = ["Transaction"]
 
 
 class Transaction:
@@ -62,7 +22,7 @@ class Transaction:
         """Record ``layer`` of ``seq`` before its first change in this transaction."""
         key = (seq, layer)
         if key not in self.marks:
-            self.marks[key] = LayerMark.of(seq.layers[layer])
+            self.marks[key] = seq.layers[layer].mark()
 
     def created(self, seq: Sequence) -> None:
         self.events.append(("create", seq))
@@ -70,10 +30,38 @@ class Transaction:
     def dropped(self, seq: Sequence) -> None:
         self.events.append(("drop", seq))
 
-    def rollback(self, seqs: dict[str, Sequence]) -> None:
-        """Undo every change, restoring ``seqs`` (the store's name -> sequence map)."""
+    def changes(self, indexes: LayerIndexes) -> Changes:
+        """The transaction's changes as records for storage to commit: sequences created
+        and dropped (in order), and each touched layer of a live sequence."""
+        out = Changes()
+        for kind, seq in self.events:
+            spec = None
+            if kind == "create":
+                spec = NewSequenceSpec(seq.num_kv_heads, seq.head_dim, seq.dtype, seq.device,
+                                       seq.fingerprint,
+                                       tuple(indexes.kind(i) for i in range(seq.num_layers)))
+            out.events.append(SequenceEvent(kind, seq.name, spec))
+            if not seq.is_dropped:
+                out.num_tokens[seq.name] = seq.num_tokens
         for (seq, layer), mark in self.marks.items():
-            mark.restore(seq.layers[layer])
+            if seq.is_dropped:
+                continue
+            state = seq.layers[layer]
+            out.layers.append(LayerWrite(
+                seq.name, layer, indexes.kind(layer), state.num_tokens, state.num_indexed,
+                state.sink_keys, state.sink_values, state.pending_keys, state.pending_values,
+                state.segments, mark.num_segments, mark.num_sink, mark.num_pending))
+            out.num_tokens[seq.name] = seq.num_tokens
+        return out
+
+    def rollback(self, seqs: dict[str, Sequence]) -> list[LayerState]:
+        """Undo every change, restoring ``seqs`` (the store's name -> sequence map); returns
+        the layers restored."""
+        restored = []
+        for (seq, layer), mark in self.marks.items():
+            state = seq.layers[layer]
+            state.restore(mark)
+            restored.append(state)
         for kind, seq in reversed(self.events):
             if kind == "create":
                 seqs.pop(seq.name, None)
@@ -83,3 +71,4 @@ class Transaction:
                 seq.is_dropped = False
         self.marks.clear()
         self.events.clear()
+        return restored

@@ -1,19 +1,15 @@
-"""How a store takes appends: checked once, committed in one transaction."""
+"""How a store takes appends: checked once, recorded in the store's transaction."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from vecstore.checks import check_all_finite, check_tensor
 from vecstore.errors import ShapeError
-from vecstore.tail import append_tails
-
-if TYPE_CHECKING:
-    from vecstore.query_engine import QueryEngine
-    from vecstore.sequence import Sequence
-    from vecstore.store import Store
+from vecstore.query_engine import QueryEngine
+from vecstore.sequence import Sequence
+from vecstore.shared_tail import append_tails
+from vecstore.transaction import Transaction
 
 __all__ = ["Writer"]
 
@@ -21,26 +17,18 @@ __all__ = ["Writer"]
 class Writer:
     """Appends tokens to the sequences of one :class:`~vecstore.store.Store`.
 
-    Each call is one transaction of the store (joined to an open one): its layers are
-    touched in it, so a rollback restores them.
+    Each call runs inside a transaction of the store, given to it: the layers it changes
+    are touched in it first, so a rollback restores them. Index views the appends replace
+    go to ``queries`` to be retired.
     """
 
-    def __init__(self, store: Store, queries: QueryEngine) -> None:
-        self._store = store
+    def __init__(self, queries: QueryEngine) -> None:
         self._queries = queries
 
-    def append(self, seq: Sequence, layer: int, keys: torch.Tensor,
-               values: torch.Tensor, *, whole_segments: bool = False) -> None:
-        """:meth:`Store.append_tokens <vecstore.store.Store.append_tokens>`."""
-        store = self._store
-        with store.transaction():
-            store._current_txn().touch(seq, layer)
-            seq.layers[layer].append(keys, values, whole_segments=whole_segments)
-
-    def append_batch(self, seqs: list[Sequence], layer: int, keys: torch.Tensor,
-                     values: torch.Tensor, *, finite: bool,
-                     whole_segments: bool = False) -> None:
-        """:meth:`Store.append_batch <vecstore.store.Store.append_batch>`."""
+    def check_batch(self, seqs: list[Sequence], layer: int, keys: torch.Tensor,
+                    values: torch.Tensor, *, finite: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Check the arguments of :meth:`append_batch`; returns ``keys, values`` contiguous
+        on the sequences' device."""
         self._queries.check_seqs(seqs, layer, stored=False)
         first = seqs[0]
         shape = (len(seqs), first.num_kv_heads, None, first.head_dim)
@@ -51,26 +39,43 @@ class Writer:
         if finite:
             check_all_finite(keys=keys, values=values)
         dev = first.layers[layer].device
-        keys, values = keys.to(dev).contiguous(), values.to(dev).contiguous()
+        return keys.to(dev).contiguous(), values.to(dev).contiguous()
+
+    def append(self, txn: Transaction, seq: Sequence, layer: int, keys: torch.Tensor,
+               values: torch.Tensor, *, whole_segments: bool = False) -> None:
+        """:meth:`Store.append_tokens <vecstore.store.Store.append_tokens>`."""
+        txn.touch(seq, layer)
+        state = seq.layers[layer]
+        try:
+            state.append(keys, values, whole_segments=whole_segments)
+        finally:
+            self._queries.retire_replaced([state])
+
+    def append_batch(self, txn: Transaction, seqs: list[Sequence], layer: int,
+                     keys: torch.Tensor, values: torch.Tensor, *,
+                     whole_segments: bool = False) -> None:
+        """Append the arguments :meth:`check_batch` returned
+        (:meth:`Store.append_batch <vecstore.store.Store.append_batch>`)."""
         states = [seq.layers[layer] for seq in seqs]
         a = states[0].config.attention
-        store = self._store
-        with store.transaction():
-            txn = store._current_txn()
-            for seq in seqs:
-                txn.touch(seq, layer)
-            # a decode step of equal tails: two copies for the batch (vecstore.tail)
+        for seq in seqs:
+            txn.touch(seq, layer)
+        try:
+            # a decode step of equal tails: two copies for the batch (vecstore.shared_tail)
             if whole_segments or not append_tails(states, keys, values, a.window_tokens,
                                                   a.update_tokens, a.sink_tokens):
                 for b, state in enumerate(states):
                     state.append(keys[b], values[b], whole_segments=whole_segments)
+        finally:
+            self._queries.retire_replaced(states)
 
-    def seal(self, seqs: list[Sequence], layer: int) -> None:
-        """:meth:`Store.seal <vecstore.store.Store.seal>`."""
-        self._queries.check_seqs(seqs, layer, stored=False)
-        store = self._store
-        with store.transaction():
-            txn = store._current_txn()
-            for seq in seqs:
+    def seal(self, txn: Transaction, seqs: list[Sequence], layer: int) -> None:
+        """:meth:`Store.seal <vecstore.store.Store.seal>`; ``seqs`` checked
+        (:meth:`QueryEngine.check_seqs`)."""
+        states = [seq.layers[layer] for seq in seqs]
+        try:
+            for seq, state in zip(seqs, states, strict=True):
                 txn.touch(seq, layer)
-                seq.layers[layer].seal()
+                state.seal()
+        finally:
+            self._queries.retire_replaced(states)

@@ -10,9 +10,6 @@ execution buffer) built there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
 import torch
 
 from vecstore.config import KVStoreConfig
@@ -20,9 +17,6 @@ from vecstore.errors import CapacityError
 from vecstore.kvstore.base import KVStore, MemoryAccount
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.pinned import PinnedKVStore
-
-if TYPE_CHECKING:
-    from vecstore.sequence import Sequence
 
 __all__ = ["Placement"]
 
@@ -34,9 +28,6 @@ class Placement:
     ----------
     config : KVStoreConfig
         Kind and budgets.
-    retire_view : callable, optional
-        Called with an index view that no query will use again (its layer grew, rolled
-        back or was dropped), so an executor can free what it prepared for it.
 
     Examples
     --------
@@ -48,8 +39,7 @@ class Placement:
     'kvstore.gpu_budget_gb on cpu'
     """
 
-    def __init__(self, config: KVStoreConfig,
-                 retire_view: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, config: KVStoreConfig) -> None:
         self.kind = config.kind
         self._gpu_bytes = int(config.gpu_budget_gb * 2**30)
         self._accounts: dict[torch.device, MemoryAccount] = {}
@@ -57,7 +47,6 @@ class Placement:
         self.pinned: PinnedKVStore | None = (
             PinnedKVStore(budget_gb=config.pinned_budget_gb) if config.kind == "pinned"
             else None)
-        self._retire = retire_view
 
     def device_account(self, device: str | torch.device) -> MemoryAccount:
         """The ``kvstore.gpu_budget_gb`` account of ``device``."""
@@ -82,13 +71,9 @@ class Placement:
         """Where the rows of a layer on ``device`` live."""
         return torch.device("cpu") if self.pinned is not None else _normal(device)
 
-    def retire_view(self, view: object) -> None:
-        """Tell the executor ``view`` is gone (see ``retire_view`` above)."""
-        if self._retire is not None:
-            self._retire(view)
-
-    def check_fits(self, seqs: list[Sequence]) -> None:
-        """Refuse (at open) sequences whose indexed rows cannot fit their tier's budget.
+    def check_fits(self, rows: list[tuple[torch.device, int]], num_sequences: int) -> None:
+        """Refuse (at open) the indexed rows of ``num_sequences`` sequences, ``(device of
+        the layer, bytes)`` each, if they cannot fit their tier's budget.
 
         Raises
         ------
@@ -97,17 +82,15 @@ class Placement:
         """
         need: dict[str, int] = {}
         accounts: dict[str, MemoryAccount] = {}
-        for seq in seqs:
-            per_token = 2 * seq.num_kv_heads * seq.head_dim * seq.dtype.itemsize
-            for state in seq.layers:
-                acct = self.tier(state.device).account
-                accounts[acct.name] = acct
-                need[acct.name] = need.get(acct.name, 0) + state.num_indexed * per_token
+        for device, num_bytes in rows:
+            acct = self.tier(device).account
+            accounts[acct.name] = acct
+            need[acct.name] = need.get(acct.name, 0) + num_bytes
         for name, num_bytes in need.items():
             acct = accounts[name]
             if acct.budget_bytes and num_bytes > acct.budget_bytes:
                 raise CapacityError(
-                    f"{name}: the indexed rows of this store's {len(seqs)} sequences "
+                    f"{name}: the indexed rows of this store's {num_sequences} sequences "
                     f"need {num_bytes} bytes ({num_bytes / 2**30:.3g} GiB), over the budget "
                     f"of {acct.budget_bytes} ({acct.budget_bytes / 2**30:.3g} GiB); raise "
                     "the budget")

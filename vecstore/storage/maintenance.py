@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import func, select
 
@@ -22,9 +22,7 @@ from vecstore.catalog.schema import (
 )
 from vecstore.checks import SUPPORTED_DTYPES
 from vecstore.storage.orphans import find_orphans
-
-if TYPE_CHECKING:
-    from vecstore.storage.persistence import Persistence
+from vecstore.storage.persistence import Persistence
 
 __all__ = ["SequenceInfo", "StoreInfo", "GcReport", "describe", "collect_garbage"]
 
@@ -169,7 +167,7 @@ def collect_garbage(p: Persistence, *, force: bool = False) -> GcReport:
     with sql_errors(cat.path), cat.session() as s, s.begin():
         named = set(s.scalars(select(FileRow.path)))
         live = set(s.scalars(select(SequenceRow.directory)))
-    orphans = find_orphans(p, named)
+    orphans = find_orphans(p.layout, p.catalog, named)
     doomed = orphans.leftovers + orphans.lost if force else orphans.leftovers
     removed, freed = [], 0
     for rel in sorted(doomed):

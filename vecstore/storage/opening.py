@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vecstore.catalog.catalog import Catalog
 from vecstore.config import StoreConfig
 from vecstore.errors import CatalogError, ConfigError, IncompatibleError, StorageError
-from vecstore.plugins import check_plugins
 from vecstore.storage.files import fsync_dir, make_dir
 from vecstore.storage.layout import StoreLayout, store_path
 from vecstore.storage.lock import WriteLock
@@ -50,8 +50,15 @@ def _remove(created: list[Path]) -> None:
                 p.unlink(missing_ok=True)
 
 
-def open_store(path: object, given: StoreConfig | None, *, read_only: bool) -> Opened:
-    """Open (or, for a writer, create) the store at ``path``.
+CheckConfig = Callable[[StoreConfig], None]
+"""Raises :class:`~vecstore.errors.ConfigError` for a config this vecstore cannot run (one
+naming an unregistered plug-in: :func:`vecstore.plugins.check_plugins`)."""
+
+
+def open_store(path: object, given: StoreConfig | None, *, read_only: bool,
+               check_config: CheckConfig) -> Opened:
+    """Open (or, for a writer, create) the store at ``path``; ``check_config`` checks a new
+    store's config and the stored one.
 
     Raises
     ------
@@ -60,14 +67,16 @@ def open_store(path: object, given: StoreConfig | None, *, read_only: bool) -> O
     """
     layout = StoreLayout(store_path(path))
     with os_errors(layout.root, "open store"):
-        return _open_reader(layout, given) if read_only else _open_writer(layout, given)
+        return (_open_reader(layout, given, check_config) if read_only
+                else _open_writer(layout, given, check_config))
 
 
-def _open_reader(layout: StoreLayout, given: StoreConfig | None) -> Opened:
+def _open_reader(layout: StoreLayout, given: StoreConfig | None,
+                 check_config: CheckConfig) -> Opened:
     layout.check_is_store()
     has_wal = layout.wal.exists()
     if not has_wal:
-        _inspect(layout, given)
+        _inspect(layout, given, check_config)
     immutable = not is_writable_dir(layout.root) and (not has_wal or
                                                       layout.wal.stat().st_size == 0)
     try:
@@ -80,18 +89,19 @@ def _open_reader(layout: StoreLayout, given: StoreConfig | None) -> Opened:
             "not yet folded into the catalog: open the store once with a writer on writable "
             "media (that folds them in), or copy it to writable media") from exc
     try:
-        stored = checked_config(catalog, given, layout)
+        stored = checked_config(catalog, given, layout, check_config)
     except BaseException:
         catalog.close()
         raise
     return Opened(layout, catalog, None, stored)
 
 
-def _open_writer(layout: StoreLayout, given: StoreConfig | None) -> Opened:
+def _open_writer(layout: StoreLayout, given: StoreConfig | None,
+                 check_config: CheckConfig) -> Opened:
     layout.check_can_create()
     if layout.is_store():
         WriteLock.check_free(layout.lock)
-        _inspect(layout, given)
+        _inspect(layout, given, check_config)
     created: list[Path] = []
     lock, catalog = None, None
     try:
@@ -103,12 +113,12 @@ def _open_writer(layout: StoreLayout, given: StoreConfig | None) -> Opened:
         if not layout.is_store():
             layout.check_can_create()
             config = given or StoreConfig()
-            check_plugins(config)
+            check_config(config)
             created.append(layout.catalog)
             _initialize(layout, config.to_dict())
         created += make_dir(layout.data)
         catalog = Catalog.open(layout.catalog, read_only=False)
-        stored = checked_config(catalog, given, layout)
+        stored = checked_config(catalog, given, layout, check_config)
     except BaseException:
         if catalog is not None:
             catalog.close()
@@ -119,17 +129,18 @@ def _open_writer(layout: StoreLayout, given: StoreConfig | None) -> Opened:
     return Opened(layout, catalog, lock, stored, created)
 
 
-def _inspect(layout: StoreLayout, given: StoreConfig | None) -> None:
+def _inspect(layout: StoreLayout, given: StoreConfig | None,
+             check_config: CheckConfig) -> None:
     """Check the catalog and ``given`` against it, creating no file."""
     catalog = Catalog.open(layout.catalog, read_only=True, immutable=True)
     try:
-        checked_config(catalog, given, layout)
+        checked_config(catalog, given, layout, check_config)
     finally:
         catalog.close()
 
 
-def checked_config(catalog: Catalog, given: StoreConfig | None,
-                   layout: StoreLayout) -> StoreConfig:
+def checked_config(catalog: Catalog, given: StoreConfig | None, layout: StoreLayout,
+                   check_config: CheckConfig) -> StoreConfig:
     """The catalog's stored config, after checking that ``given`` agrees with it.
 
     Raises
@@ -141,7 +152,7 @@ def checked_config(catalog: Catalog, given: StoreConfig | None,
     """
     try:
         stored = StoreConfig.from_dict(catalog.config)
-        check_plugins(stored)
+        check_config(stored)
     except ConfigError as exc:
         raise CatalogError(f"catalog {catalog.path}: its stored config cannot be read by "
                            f"this vecstore ({exc})") from None

@@ -23,12 +23,10 @@ import os
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from vecstore.catalog.catalog import Catalog
 from vecstore.storage.files import TMP_SUFFIX
-
-if TYPE_CHECKING:
-    from vecstore.storage.persistence import Persistence
+from vecstore.storage.layout import StoreLayout
 
 __all__ = ["Orphans", "find_orphans", "mark_dropped"]
 
@@ -44,14 +42,13 @@ class Orphans:
     lost: list[str]
 
 
-def find_orphans(p: Persistence, named: set[str]) -> Orphans:
+def find_orphans(layout: StoreLayout, cat: Catalog, named: set[str]) -> Orphans:
     """The files under ``data/`` named neither in ``named`` (a snapshot's files) nor by
     the latest commit, split into leftovers and files of lost commits.
 
     Run beside a writer, the ``-wal`` is dated before the latest commit is read: a file
     committed in between is then named, and one still in flight is newer than the ``-wal``.
     """
-    layout, cat = p.layout, p.catalog
     on_disk = [f for f in layout.data_files() if f not in named]
     wal = _mtime(layout.wal)
     latest = cat.file_paths()

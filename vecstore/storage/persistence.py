@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import secrets
 import shutil
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,7 +34,6 @@ from vecstore.errors import (
     SequenceDroppedError,
 )
 from vecstore.index.base import INDEXES
-from vecstore.sequence import Sequence
 from vecstore.storage.codec import (
     SegmentShape,
     decode_chunks,
@@ -45,14 +43,10 @@ from vecstore.storage.codec import (
 )
 from vecstore.storage.blame import map_checked
 from vecstore.storage.files import fsync_dir, make_dir, write_atomic
-from vecstore.storage.lazy_layer import LazyLayer, LoadedLayer
 from vecstore.storage.opening import Opened, open_store
 from vecstore.storage.orphans import mark_dropped
 from vecstore.storage.oserrors import os_errors
-from vecstore.storage.transaction import LayerMark, Transaction
-
-if TYPE_CHECKING:
-    from vecstore.store import Store
+from vecstore.storage.records import Changes, LayerWrite, LoadedLayer
 
 __all__ = ["Persistence"]
 
@@ -70,7 +64,7 @@ class Persistence:
         self.stored_config = opened.stored
         self._lock = opened.lock
         self._opened = opened
-        self._dirs: dict[Sequence, str] = {}
+        self._dirs: dict[str, str] = {}  # sequence name -> its directory under data/
 
     @property
     def read_only(self) -> bool:
@@ -78,11 +72,13 @@ class Persistence:
 
     # -- open ----------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: object, given: StoreConfig | None, *,
-             read_only: bool) -> tuple[Persistence, StoreConfig]:
+    def open(cls, path: object, given: StoreConfig | None, *, read_only: bool,
+             check_config: Callable[[StoreConfig], None]) -> tuple[Persistence, StoreConfig]:
         """Open (or, for a writer, create) the store at ``path``; returns it and the
-        configuration to run with. A failed open changes nothing on disk."""
-        opened = open_store(path, given, read_only=read_only)
+        configuration to run with. ``check_config`` raises ConfigError for a config this
+        vecstore cannot run (:func:`~vecstore.storage.opening.open_store`). A failed open
+        changes nothing on disk."""
+        opened = open_store(path, given, read_only=read_only, check_config=check_config)
         return cls(opened), given or opened.stored
 
     def discard(self) -> None:
@@ -91,28 +87,23 @@ class Persistence:
         self.close()
         self._opened.undo()
 
-    def attach(self, store: Store) -> dict[str, Sequence]:
-        """Sequences of the catalog's snapshot, their layers loading lazily."""
-        seqs = {}
+    def sequences(self) -> list[tuple[SequenceRecord, torch.dtype, torch.device]]:
+        """The sequences of the catalog's snapshot, each with its dtype and device, checked
+        (a row forged with a matching checksum may still hold values no sequence can
+        have)."""
+        out = []
         for rec in self.catalog.load():
             dtype, device = self._check_record(rec)
-            if rec.device == self.stored_config.executor.device:
-                device = torch.device(store.config.executor.device)
-            seq = Sequence(store, rec.name, num_layers=rec.num_layers,
-                           num_kv_heads=rec.num_kv_heads, head_dim=rec.head_dim, dtype=dtype,
-                           device=device, fingerprint=rec.fingerprint)
             if len(rec.layers) != rec.num_layers:
                 raise CorruptionError(f"catalog {self.catalog.path} is corrupt: sequence "
                                       f"{rec.name!r} has {len(rec.layers)} layer rows, "
                                       f"expected {rec.num_layers}")
-            seq.layers = [self._lazy_layer(store, rec, lr, dtype, device) for lr in rec.layers]
-            self._dirs[seq] = rec.directory
-            seqs[rec.name] = seq
-        return seqs
+            self._dirs[rec.name] = rec.directory
+            out.append((rec, dtype, device))
+        return out
 
     def _check_record(self, rec: SequenceRecord) -> tuple[torch.dtype, torch.device]:
-        """The dtype and device of a sequence row, checked (a row forged with a matching
-        checksum may still hold values no sequence can have)."""
+        """The dtype and device of a sequence row, checked."""
         bad = f"catalog {self.catalog.path} is corrupt: sequence {rec.name!r} records"
         if rec.dtype not in SUPPORTED_DTYPES:
             raise CorruptionError(f"{bad} dtype {rec.dtype!r}, not one of "
@@ -127,9 +118,17 @@ class Persistence:
             raise CorruptionError(f"{bad} device {rec.device!r}") from None
         return SUPPORTED_DTYPES[rec.dtype], device
 
-    def _lazy_layer(self, store: Store, rec: SequenceRecord, lr: LayerRecord,
-                    dtype: torch.dtype, device: torch.device) -> LazyLayer:
-        kind = store.index_kind(lr.layer)
+    def check_layer(self, rec: SequenceRecord, lr: LayerRecord, kind: str) -> None:
+        """Check that ``lr`` was indexed with ``kind`` (the index the running config gives
+        the layer).
+
+        Raises
+        ------
+        CorruptionError
+            The catalog names an unknown kind, or segments of another kind than the layer.
+        IncompatibleError
+            The layer was indexed with another kind than ``kind``.
+        """
         built = {s.index_kind for s in lr.segments}
         if lr.index_kind not in INDEXES or (built and built != {lr.index_kind}):
             raise CorruptionError(
@@ -141,16 +140,11 @@ class Persistence:
                 f"sequence {rec.name!r} layer {lr.layer} was indexed with "
                 f"{lr.index_kind!r} (stored), but the given config indexes it with {kind!r} "
                 f"(layers.{lr.layer}.exact or index.kind); open with the stored settings")
-        loader = partial(self._load_layer, rec, lr, dtype, device)
-        return LazyLayer(rec.num_kv_heads, rec.head_dim, dtype, device,
-                         store.index_for(lr.layer), store.config, loader=loader,
-                         num_tokens=lr.num_tokens,
-                         num_indexed=sum(s.end - s.start for s in lr.segments),
-                         placement=store.placement,
-                         label=f"layer {lr.layer} of sequence {rec.name!r}")
 
-    def _load_layer(self, rec: SequenceRecord, lr: LayerRecord, dtype: torch.dtype,
-                    device: torch.device) -> LoadedLayer:
+    def load_layer(self, rec: SequenceRecord, lr: LayerRecord, dtype: torch.dtype,
+                   device: torch.device) -> LoadedLayer:
+        """Read (and checksum) the data files and steady chunks of layer ``lr`` of ``rec``
+        onto ``device``."""
         H, D = rec.num_kv_heads, rec.head_dim
         try:
             check_device(device, "device")
@@ -191,40 +185,42 @@ class Persistence:
                            segments)
 
     # -- commit --------------------------------------------------------------------------
-    def commit(self, txn: Transaction, store: Store) -> None:
-        """Make ``txn`` durable: data files first, then one catalog transaction."""
+    def commit(self, changes: Changes, config: StoreConfig) -> None:
+        """Make ``changes`` durable: data files first, then one catalog transaction.
+        ``config`` is the running configuration (its index parameters are recorded)."""
         plan = Commit()
         written: list[Path] = []
         new_dirs: list[Path] = []
         dropping: list[Path] = []
         try:
-            fresh: dict[Sequence, str] = {}
-            for kind, seq in txn.events:
-                if kind == "create":
-                    fresh[seq] = secrets.token_hex(8)
-                elif seq in fresh:
-                    del fresh[seq]
-                elif seq in self._dirs:
-                    plan.dropped.append(seq.name)
-                    dropping.append(self.layout.data / self._dirs[seq])
-            for seq, directory in fresh.items():
+            fresh: dict[str, str] = {}
+            specs = {}
+            for event in changes.events:
+                if event.spec is not None:
+                    fresh[event.name] = secrets.token_hex(8)
+                    specs[event.name] = event.spec
+                elif event.name in fresh:
+                    del fresh[event.name]
+                elif event.name in self._dirs:
+                    plan.dropped.append(event.name)
+                    dropping.append(self.layout.data / self._dirs[event.name])
+            for name, directory in fresh.items():
+                spec = specs[name]
                 plan.created.append(NewSequence(
-                    seq.name, directory, seq.num_kv_heads, seq.head_dim, dtype_name(seq.dtype),
-                    str(seq.device), seq.fingerprint,
-                    tuple(store.index_kind(i) for i in range(seq.num_layers))))
+                    name, directory, spec.num_kv_heads, spec.head_dim, dtype_name(spec.dtype),
+                    str(spec.device), spec.fingerprint, spec.index_kinds))
                 new_dirs.append(self.layout.data / directory)
                 with os_errors(self.layout.root, "commit to store"):
                     make_dir(new_dirs[-1])
             touched = set(fresh)
-            for (seq, layer), mark in txn.marks.items():
-                if seq.is_dropped:
-                    continue
-                change = self._layer_change(store, seq, layer, mark,
-                                            fresh.get(seq) or self._dirs[seq], written)
+            for write in changes.layers:
+                change = self._layer_change(config, write,
+                                            fresh.get(write.name) or self._dirs[write.name],
+                                            written)
                 if change is not None:
                     plan.layers.append(change)
-                    touched.add(seq)
-            plan.sequence_tokens = {s.name: s.num_tokens for s in touched}
+                    touched.add(write.name)
+            plan.sequence_tokens = {name: changes.num_tokens[name] for name in touched}
             if plan.is_empty:
                 return
             with os_errors(self.layout.root, "commit to store"):
@@ -238,46 +234,42 @@ class Persistence:
             for d in new_dirs:
                 shutil.rmtree(d, ignore_errors=True)
             raise
-        for kind, seq in txn.events:
-            if kind == "drop":
-                self._dirs.pop(seq, None)
+        for event in changes.events:
+            if event.spec is None:
+                self._dirs.pop(event.name, None)
         self._dirs.update(fresh)
         for directory in gone:
             shutil.rmtree(self.layout.data / directory, ignore_errors=True)
 
-    def _layer_change(self, store: Store, seq: Sequence, layer: int, mark: LayerMark,
-                      directory: str, written: list[Path]) -> LayerChange | None:
-        state = seq.layers[layer]
-        cfg = store.config
+    def _layer_change(self, cfg: StoreConfig, w: LayerWrite, directory: str,
+                      written: list[Path]) -> LayerChange | None:
         params: dict[str, int | str] = {
             "tokens_per_cluster": cfg.index.tokens_per_cluster,
             "segment_tokens": cfg.index.segment_tokens, "kmeans_iters": cfg.index.kmeans_iters,
             "clusterer": cfg.cluster.kind, "seed": cfg.cluster.seed}
-        change = LayerChange(seq.name, layer, state.num_tokens)
-        new_segments = state.segments[mark.num_segments:]
+        change = LayerChange(w.name, w.layer, w.num_tokens)
+        new_segments = w.segments[w.num_segments:]
         for s in new_segments:
-            rel = self.layout.segment_file(directory, layer, s.start)
+            rel = self.layout.segment_file(directory, w.layer, s.start)
             rec = write_atomic(self.layout.root / rel, encode_segment(s))
             written.append(self.layout.root / rel)
             clusters = s.offsets.tolist() if "centroids" in s.meta else None
-            change.segments.append(NewSegment(s.start, s.end, s.num_units,
-                                              store.index_kind(layer), params,
+            change.segments.append(NewSegment(s.start, s.end, s.num_units, w.index_kind, params,
                                               FileRecord(rel, rec.size, rec.checksum), clusters))
-        n_sink = state.sink_keys.shape[1]
-        if n_sink > mark.num_sink:
-            change.sink = encode_chunk("sink", mark.num_sink, state.sink_keys[:, mark.num_sink:],
-                                       state.sink_values[:, mark.num_sink:])
-        first = n_sink + state.num_indexed
-        pending = state.pending_keys.shape[1]
+        n_sink = w.sink_keys.shape[1]
+        if n_sink > w.num_sink:
+            change.sink = encode_chunk("sink", w.num_sink, w.sink_keys[:, w.num_sink:],
+                                       w.sink_values[:, w.num_sink:])
+        first = n_sink + w.num_indexed
+        pending = w.pending_keys.shape[1]
         if new_segments:
             change.replace_tail = True
             if pending:
-                change.tail = encode_chunk("tail", first, state.pending_keys,
-                                           state.pending_values)
-        elif pending > mark.num_pending:
-            change.tail = encode_chunk("tail", first + mark.num_pending,
-                                       state.pending_keys[:, mark.num_pending:],
-                                       state.pending_values[:, mark.num_pending:])
+                change.tail = encode_chunk("tail", first, w.pending_keys, w.pending_values)
+        elif pending > w.num_pending:
+            change.tail = encode_chunk("tail", first + w.num_pending,
+                                       w.pending_keys[:, w.num_pending:],
+                                       w.pending_values[:, w.num_pending:])
         if not new_segments and change.sink is None and change.tail is None:
             return None
         return change

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from sqlalchemy import select, text
@@ -30,9 +29,7 @@ from vecstore.index.base import INDEXES
 from vecstore.storage.blame import map_checked
 from vecstore.storage.codec import SegmentShape, decode_chunks, decode_segment
 from vecstore.storage.orphans import find_orphans
-
-if TYPE_CHECKING:
-    from vecstore.storage.persistence import Persistence
+from vecstore.storage.persistence import Persistence
 
 __all__ = ["VerifyReport", "verify_store"]
 
@@ -169,7 +166,7 @@ def verify_store(p: Persistence) -> VerifyReport:
         _check_counts(p, seqs, layers, tokens, problems)
     # beside a writer: a file of a sequence dropped since the snapshot may be gone
     problems += [msg for seq_id, msg in missing if cat.sequence_exists(seq_id)]
-    orphans = find_orphans(p, {f.path for f in files.values()})
+    orphans = find_orphans(p.layout, p.catalog, {f.path for f in files.values()})
     return VerifyReport(layout.root, len(named), checked_bytes, len(segs), num_clusters,
                         len(chunks), problems, orphans.leftovers, orphans.lost)
 

@@ -1,0 +1,104 @@
+"""A layer's indexed segments as placed: rows in the store's tier, metadata on the layer's
+device, charged to their budgets, and the index view over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vecstore.index.base import IndexView, Segment
+from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
+from vecstore.kvstore.placement import Placement
+
+__all__ = ["LayerImage", "place_segments"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerImage:
+    """A layer's indexed part as placed: rows in the tier, metadata on the layer's device."""
+
+    segments: list[Segment]  # rows and metadata are slices of the tensors below
+    rows: StoredRows
+    tier: KVStore
+    account: MemoryAccount  # charged ``meta_bytes`` for the metadata
+    meta_bytes: int
+    view: IndexView
+
+    def holds(self, segments: list[Segment]) -> bool:
+        """Whether ``segments`` are exactly this image's (placed, not replaced since)."""
+        return (len(self.segments) == len(segments)
+                and all(a is b for a, b in zip(self.segments, segments, strict=True)))
+
+    def over_rows(self, keys: torch.Tensor, values: torch.Tensor) -> LayerImage:
+        """The same image reading its rows from ``keys, values`` (``[Hkv, N, D]``, holding
+        exactly these rows): segments and view rebuilt over them with the same metadata."""
+        segments, base = [], 0
+        for seg in self.segments:
+            n = seg.num_tokens
+            segments.append(Segment(seg.start, seg.end, keys[:, base:base + n],
+                                    values[:, base:base + n], seg.offsets, seg.meta))
+            base += n
+        old = self.view
+        view = IndexView(keys=keys[None], values=values[None], offsets=old.offsets,
+                         sizes=old.sizes, meta=old.meta, num_units=old.num_units)
+        return LayerImage(segments, StoredRows(keys, values, self.rows.num_bytes), self.tier,
+                          self.account, self.meta_bytes, view)
+
+    def free(self, *, keep_rows: bool = False) -> None:
+        """Return the rows (unless ``keep_rows``) and the metadata to their budgets."""
+        if not keep_rows:
+            self.tier.free(self.rows)
+        self.account.release(self.meta_bytes)
+
+
+def place_segments(placement: Placement, segments: list[Segment], device: torch.device,
+                   dtype: torch.dtype, what: str, old: LayerImage | None) -> LayerImage:
+    """Place ``segments``' rows and metadata for a layer on ``device``; charges the budgets
+    (raising :class:`~vecstore.errors.CapacityError`) before allocating. Changes nothing
+    else. ``old`` (the layer's current image): rows whose tier does not change are kept.
+    ``what`` names the layer in budget errors."""
+    H, D = segments[0].keys.shape[0], segments[0].keys.shape[2]
+    N = sum(s.num_tokens for s in segments)
+    tier = placement.tier(device)
+    what = f"{what} ({len(segments)} segments, {N} tokens)"
+    # moving a placed layer between devices keeps rows whose tier does not change
+    reuse = old is not None and old.tier is tier and old.holds(segments)
+    rows = old.rows if reuse and old is not None else tier.allocate(
+        (H, N, D), dtype, f"the rows of {what}")
+    account = placement.device_account(device)
+    units = sum(s.num_units for s in segments)
+    meta_bytes = (sum(_nbytes(v) for s in segments for v in s.meta.values())
+                  + sum(_nbytes(s.offsets) for s in segments) + 8 * H * (2 * units + 1))
+    try:
+        account.charge(meta_bytes, f"the index metadata of {what}")
+    except BaseException:
+        if not reuse:
+            tier.free(rows)
+        raise
+    # copy: nothing below fails for lack of budget
+    meta = {k: torch.cat([s.meta[k].to(device) for s in segments], dim=1)
+            for k in segments[0].meta}
+    placed, parts, base, ubase = [], [segments[0].offsets[:, :1].to(device)], 0, 0
+    for s in segments:
+        n, u = s.num_tokens, s.num_units
+        k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
+        if not reuse:
+            k.copy_(s.keys)
+            v.copy_(s.values)
+        offsets = s.offsets.to(device)
+        parts.append(offsets[:, 1:] + base)
+        placed.append(Segment(s.start, s.end, k, v, offsets,
+                              {key: t[:, ubase:ubase + u] for key, t in meta.items()}))
+        base += n
+        ubase += u
+    view_offsets = torch.cat(parts, dim=1)
+    view = IndexView(keys=rows.keys[None], values=rows.values[None],
+                     offsets=view_offsets[None], sizes=view_offsets.diff(dim=-1)[None],
+                     meta={key: t[None] for key, t in meta.items()},
+                     num_units=torch.tensor([units]))
+    return LayerImage(placed, rows, tier, account, meta_bytes, view)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
