@@ -97,9 +97,9 @@ def build(path: Path, tokens: int, layers: int) -> dict:
     commit_s: list[float] = []
     real_commit = Persistence.commit
 
-    def commit(self, txn, store):  # type: ignore[no-untyped-def]
+    def commit(self, changes, config):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
-        real_commit(self, txn, store)
+        real_commit(self, changes, config)
         commit_s.append(time.perf_counter() - t)
 
     Persistence.commit = commit  # type: ignore[method-assign]

@@ -15,6 +15,7 @@ import torch
 from tests.vecstore.persistence.persist_helpers import built_copy
 from vecstore import Store
 from vecstore.errors import CorruptionError
+from vecstore.plugins import check_plugins
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.verify import verify_store
 
@@ -92,7 +93,8 @@ def test_an_altered_index_kind_blames_the_catalog(tmp_path, table):
     catalog = re.escape(str(path / "catalog.sqlite"))
     with pytest.raises(CorruptionError, match=catalog + r" is corrupt: .* index kind"):
         Store.open(path, read_only=True)
-    p, _ = Persistence.open(path, None, read_only=True)  # verify reads rows, not sequences
+    p, _ = Persistence.open(path, None, read_only=True,  # verify reads rows, not sequences
+                            check_config=check_plugins)
     try:
         assert any("index kind" in problem for problem in verify_store(p).problems)
     finally:
