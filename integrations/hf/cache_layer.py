@@ -4,15 +4,20 @@ attention call; the context itself lives in the store."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import CacheLayerMixin
 
-if TYPE_CHECKING:
-    from integrations.hf.cache import WaveCache
+__all__ = ["StepStager", "WaveCacheLayer"]
 
-__all__ = ["WaveCacheLayer"]
+
+class StepStager(Protocol):
+    """What a :class:`WaveCacheLayer` asks of its cache (a
+    :class:`~integrations.hf.cache.WaveCache`)."""
+
+    def stage(self, layer: int) -> None:
+        """Mark ``layer``'s next attention call as the cache's."""
 
 
 class WaveCacheLayer(CacheLayerMixin):
@@ -25,7 +30,7 @@ class WaveCacheLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = True
 
-    def __init__(self, owner: WaveCache, layer: int, seen: int) -> None:
+    def __init__(self, owner: StepStager, layer: int, seen: int) -> None:
         super().__init__()
         self.owner = owner
         self.layer = layer

@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,11 +29,34 @@ from integrations.hf.cache_arg import cache_kwarg
 from vecstore.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError
 from vecstore.tail import writing
+from vecstore.sequence import Sequence
 
-if TYPE_CHECKING:
-    from integrations.hf.cache import WaveCache
+__all__ = ["DecodeGraph", "GraphedCache", "graphed_forward"]
 
-__all__ = ["DecodeGraph", "graphed_forward"]
+
+class GraphedCache(Protocol):
+    """What a :class:`DecodeGraph` asks of the cache whose steps it serves (a
+    :class:`~integrations.hf.cache.WaveCache`)."""
+
+    model: torch.nn.Module
+    layers: list[Any]  # each counts the positions it has seen in ``seen``
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """The store sequences of the batch rows."""
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the cache was closed."""
+
+    def decoder(self, batch: int) -> BatchDecoder | None:
+        """The batch's fixed-shape decode steps, or ``None``."""
+
+    def route(self, decoder: BatchDecoder | None) -> None:
+        """Send the attention calls to ``decoder`` (``None``: through the store)."""
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions seen so far."""
 
 _STATIC_INPUTS = ("input_ids", "position_ids", "cache_position")
 _CACHE_KWARGS = ("cache", "past_key_values")
@@ -54,8 +77,8 @@ class DecodeGraph:
 
     Parameters
     ----------
-    cache : WaveCache
-        The cache whose steps it serves; other forward calls go to ``forward`` unchanged.
+    cache : GraphedCache
+        The cache whose steps it serves (a :class:`~integrations.hf.cache.WaveCache`); other forward calls go to ``forward`` unchanged.
     forward : callable
         The model's ``forward`` it wraps.
     previous : callable, optional
@@ -63,7 +86,7 @@ class DecodeGraph:
         restored when the graph is taken out.
     """
 
-    def __init__(self, cache: WaveCache, forward: Callable[..., Any],
+    def __init__(self, cache: GraphedCache, forward: Callable[..., Any],
                  previous: Callable[..., Any] | None = None) -> None:
         self.cache = cache
         self.forward = forward
@@ -202,7 +225,7 @@ class DecodeGraph:
 
 
 @contextmanager
-def graphed_forward(model: torch.nn.Module, cache: WaveCache) -> Iterator[DecodeGraph]:
+def graphed_forward(model: torch.nn.Module, cache: GraphedCache) -> Iterator[DecodeGraph]:
     """Make ``model.forward`` serve ``cache``'s decode steps through a
     :class:`DecodeGraph` until the block ends. Several caches may be open on one model and
     close in any order: each graph hands other calls to the forward it wraps."""

@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -31,10 +31,7 @@ from integrations.hf.attention_fn import BINDING_ATTR, vecstore_attention, vecst
 from integrations.hf.capabilities import ModelShape, attention_modules, model_shape
 from vecstore.errors import IncompatibleError
 
-if TYPE_CHECKING:
-    from integrations.hf.cache import WaveCache
-
-__all__ = ["ATTENTION_NAME", "ModelBinding", "ModelShape", "install", "model_shape",
+__all__ = ["ATTENTION_NAME", "AttendingCache", "ModelBinding", "ModelShape", "install", "model_shape",
            "model_fingerprint"]
 
 ATTENTION_NAME = "vecstore"
@@ -84,6 +81,15 @@ def _unregister(reg: _Registration) -> None:
             mapping[ATTENTION_NAME] = previous
 
 
+class AttendingCache(Protocol):
+    """What the attention function asks of the cache that staged a step (a
+    :class:`~integrations.hf.cache.WaveCache`)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               valid: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+        """Attention of one layer's step."""
+
+
 class ModelBinding:
     """Per-model state shared by its attention modules while vecstore is installed.
 
@@ -96,13 +102,13 @@ class ModelBinding:
     def __init__(self, previous_implementation: str) -> None:
         self.previous_implementation = previous_implementation
         self.users = 0
-        self._staged: tuple[WaveCache, int] | None = None
+        self._staged: tuple[AttendingCache, int] | None = None
 
-    def stage(self, cache: WaveCache, layer: int) -> None:
+    def stage(self, cache: AttendingCache, layer: int) -> None:
         """Mark ``layer``'s next attention call as belonging to ``cache``."""
         self._staged = (cache, layer)
 
-    def take(self, layer: int) -> WaveCache | None:
+    def take(self, layer: int) -> AttendingCache | None:
         """The cache that staged ``layer``'s current step, if any (clears the mark)."""
         staged, self._staged = self._staged, None
         if staged is None or staged[1] != layer:
