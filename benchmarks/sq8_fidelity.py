@@ -1,7 +1,7 @@
 """Does scoring int8 centroid codes (the wave executor's default) cost accuracy on a real model?
 
 SmolLM2-135M-Instruct prefills RULER-style prompts exactly; the queries of each prompt's last
-tokens are answered by a ``wave`` store at every layer (``integrations.hf.accuracy.fidelity``)
+tokens are answered by a ``wave`` store at every layer (``benchmarks.accuracy.fidelity``)
 twice: with the index's float32 centroids, and with each centroid replaced by what its SQ8
 codes stand for (:mod:`vecstore.executor.sq8`) — what the wave executor ranks and estimates
 with, as its tests check against the torch reference on dequantized centroids. Reported per
@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.accuracy.fidelity import capture, layer_fidelity  # noqa: E402
 from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
-from integrations.hf.accuracy.fidelity import capture, layer_fidelity  # noqa: E402
-from integrations.hf.accuracy.tasks import make_sample  # noqa: E402
 from integrations.hf.model_loading import load_smollm2  # noqa: E402
+from integrations.tasks import make_sample  # noqa: E402
 from vecstore.executor.sq8 import dequantize, quantize  # noqa: E402
 from vecstore.index.wave import WaveIndex  # noqa: E402
 

@@ -75,9 +75,9 @@ def test_errors_exit_1_with_a_message(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,module,rest", [
-    (["demo", "--model", "x", "-n", "3"], "integrations.hf.demo", ["--model", "x", "-n", "3"]),
-    (["bench", "accuracy", "--quick"], "integrations.hf.accuracy", ["--quick"]),
-    (["demo"], "integrations.hf.demo", []),
+    (["demo", "--model", "x", "-n", "3"], "integrations.demo", ["--model", "x", "-n", "3"]),
+    (["bench", "accuracy", "--quick"], "benchmarks.accuracy", ["--quick"]),
+    (["demo"], "integrations.demo", []),
 ])
 def test_demo_and_bench_forward_the_rest(monkeypatch, argv, module, rest):
     seen = []

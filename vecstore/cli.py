@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-_FORWARDED = {("demo",): "integrations.hf.demo", ("bench", "accuracy"): "integrations.hf.accuracy"}
+_FORWARDED = {("demo",): "integrations.demo", ("bench", "accuracy"): "benchmarks.accuracy"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +86,9 @@ def _forward(command: str, module: str, argv: list[str]) -> int:
     try:
         entry = importlib.import_module(module).main
     except ImportError as exc:
+        where = ", run from a source checkout" if module.startswith("benchmarks.") else ""
         print(f"vecstore {command}: error: cannot import {module} ({exc}); it needs the "
-              "Hugging Face extra: pip install 'vecstore[hf]'", file=sys.stderr)
+              f"Hugging Face extra: pip install 'vecstore[hf]'{where}", file=sys.stderr)
         return 1
     status = entry(argv)
     return int(status or 0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from integrations.hf.accuracy.harness import method_config, plan_runs
-from integrations.hf.accuracy.report import environment, summarize, write
+from benchmarks.accuracy.harness import method_config, plan_runs
+from benchmarks.accuracy.report import environment, summarize, write
 
 
 def _result(task, method, budget, score, length=8000, exact=0.03):

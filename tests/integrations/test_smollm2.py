@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from benchmarks.accuracy.harness import run_sample
 from integrations.hf import WaveCache, load_smollm2
-from integrations.hf.accuracy.harness import run_sample
-from integrations.hf.accuracy.tasks import TASKS, make_sample, score
+from integrations.tasks import TASKS, make_sample, score
 from tests.integrations.hf_models import generate
 from vecstore.errors import BackendUnavailableError
 

@@ -1,4 +1,4 @@
-"""Command line of the accuracy harness: ``python benchmarks/accuracy.py [options]``.
+"""Command line of the accuracy harness: ``python -m benchmarks.accuracy [options]``.
 
 Fidelity runs first, then the tasks from the longest length down, so that an interrupted
 run has the numbers that matter most. Fidelity records go to ``<out>/<name>.fidelity.jsonl``
@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from integrations.hf.accuracy.fidelity import run_fidelity
-from integrations.hf.accuracy.harness import METHODS, plan_runs, run_sample
-from integrations.hf.accuracy.report import environment, markdown, summarize, write
-from integrations.hf.accuracy.tasks import TASKS, make_sample
+from benchmarks.accuracy.fidelity import run_fidelity
+from benchmarks.accuracy.harness import METHODS, plan_runs, run_sample
+from benchmarks.accuracy.report import environment, markdown, summarize, write
 from integrations.hf.model_loading import load_smollm2
+from integrations.tasks import TASKS, make_sample
 
 __all__ = ["build_parser", "main"]
 

@@ -26,10 +26,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from integrations.hf.accuracy.harness import method_config
-from integrations.hf.accuracy.tasks import Sample
+from benchmarks.accuracy.harness import method_config
 from integrations.hf.cache import cache_kwarg
 from integrations.hf.install import model_shape
+from integrations.tasks import Sample
 from vecstore import Store
 
 __all__ = ["Captured", "LayerFidelity", "capture", "layer_fidelity", "run_fidelity"]

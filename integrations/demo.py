@@ -38,10 +38,10 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from integrations.hf.accuracy.tasks import make_sample, score
 from integrations.hf.cache import WaveCache
 from integrations.hf.cache_arg import cache_arg
 from integrations.hf.model_loading import load_smollm2, smollm2_cache_dir
+from integrations.tasks import make_sample, score
 from vecstore import Store
 from vecstore.errors import BackendUnavailableError
 

@@ -21,9 +21,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from integrations.hf.accuracy.tasks import Sample, score
 from integrations.hf.cache import WaveCache, cache_kwarg
 from integrations.hf.install import model_fingerprint, model_shape
+from integrations.tasks import Sample, score
 from vecstore import Store
 
 __all__ = ["METHODS", "Prefilled", "Result", "method_config", "prefill", "run_method",
