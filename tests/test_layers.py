@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "vecstore.registry": 0,
     "vecstore.config": 0,
     "vecstore.config_parse": 0,
+    "vecstore.config_sections": 0,
     # tensors and ops
     "vecstore.kernels": 1,
     # components: indexes, clusterers, KV tiers, cache policies, the catalog

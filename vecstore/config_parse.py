@@ -12,9 +12,15 @@ from typing import Any, TypeVar
 
 from vecstore.errors import ConfigError
 
-__all__ = ["reject_unknown", "coerce", "check_fields", "section_from", "layers_from"]
+__all__ = ["reject_unknown", "require", "coerce", "check_fields", "section_from", "layers_from"]
 
 T = TypeVar("T")
+
+
+def require(cond: bool, key: str, msg: str) -> None:
+    """Raise :class:`ConfigError` ``"{key}: {msg}"`` unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
 
 
 def reject_unknown(data: Mapping[str, Any], known: Mapping[str, Any], prefix: str) -> None:
