@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     # the engine: layer states, sequences, batches, transactions, the store
     "vecstore.tail": 5,
     "vecstore.layer_image": 5,
+    "vecstore.layer_mark": 5,
     "vecstore.layer_state": 5,
     "vecstore.layer_indexes": 5,
     "vecstore.lazy_layer": 5,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from vecstore.config import StoreConfig
@@ -12,32 +10,10 @@ from vecstore.kvstore.base import StoredRows
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
 from vecstore.layer_image import LayerImage, place_segments
+from vecstore.layer_mark import LayerMark
 from vecstore.tail import TailBuffer
 
-__all__ = ["LayerMark", "LayerState"]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerMark:
-    """A layer as it was when a transaction first touched it (:meth:`LayerState.mark`).
-
-    Tensors are never modified in place (appends build new ones), so keeping
-    references is enough to restore them.
-    """
-
-    sink_keys: torch.Tensor
-    sink_values: torch.Tensor
-    pending_keys: torch.Tensor
-    pending_values: torch.Tensor
-    num_segments: int
-
-    @property
-    def num_sink(self) -> int:
-        return self.sink_keys.shape[1]
-
-    @property
-    def num_pending(self) -> int:
-        return self.pending_keys.shape[1]
+__all__ = ["LayerState"]
 
 
 class LayerState:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vecstore.layer_indexes import LayerIndexes
-from vecstore.layer_state import LayerMark, LayerState
+from vecstore.layer_mark import LayerMark
+from vecstore.layer_state import LayerState
 from vecstore.sequence import Sequence
 from vecstore.storage.records import Changes, LayerWrite, NewSequenceSpec, SequenceEvent
 

@@ -125,6 +125,10 @@ class DecodeGraph:
         self._after_step()
         return _with_logits(cap.output, cap.output.logits.clone())
 
+    def forget(self) -> None:
+        """Drop the decoder and the captured step (the next step is an ordinary one)."""
+        self.decoder, self._captured = None, None
+
     # -- the steps ---------------------------------------------------------------------
     def _is_decode_step(self, kwargs: dict[str, Any]) -> bool:
         ids = kwargs.get("input_ids")
@@ -146,7 +150,7 @@ class DecodeGraph:
         except InvalidValueError:
             for layer in self.cache.layers:
                 layer.seen -= tokens - dec.tail_tokens
-            self.decoder, self._captured = None, None
+            self.forget()
             raise
 
     def _ordinary(self, kwargs: dict[str, Any]) -> Any:
@@ -235,8 +239,7 @@ def graphed_forward(model: torch.nn.Module, cache: GraphedCache) -> Iterator[Dec
         yield graph
     finally:
         _unlink(model, graph)
-        graph.decoder = None
-        graph._captured = None
+        graph.forget()
 
 
 def _unlink(model: torch.nn.Module, graph: DecodeGraph) -> None:
