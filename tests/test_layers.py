@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vecstore", "attention", "integrations")
 
-LAYERS: dict[str, int] = {
+LAYERS: dict[str, float] = {
     # foundations: errors, shared records, checks, configuration, the plug-in registry
     "vecstore.errors": 0,
     "vecstore.version": 0,
@@ -40,24 +40,25 @@ LAYERS: dict[str, int] = {
     # executors, and the check of a config's plug-ins against every registry
     "vecstore.executor": 4,
     "vecstore.plugins": 4,
-    # the engine: layer states, sequences, batches, transactions, the store
-    "vecstore.tail": 5,
-    "vecstore.layer_image": 5,
-    "vecstore.layer_mark": 5,
-    "vecstore.layer_state": 5,
-    "vecstore.layer_indexes": 5,
-    "vecstore.lazy_layer": 5,
-    "vecstore.shared_tail": 5,
-    "vecstore.sequence": 5,
-    "vecstore.sequence_builder": 5,
-    "vecstore.batch": 5,
-    "vecstore.decoder": 5,
-    "vecstore.query_engine": 5,
-    "vecstore.transaction": 5,
-    "vecstore.writer": 5,
-    "vecstore.store_core": 5,
-    "vecstore.store_data": 5,
-    "vecstore.store": 5,
+    # the engine, bottom up: a layer's parts; its state; sequences and shared tails;
+    # batches, decoders, transactions and sequence assembly; queries; writes; the store
+    "vecstore.tail": 5.0,
+    "vecstore.layer_image": 5.0,
+    "vecstore.layer_mark": 5.0,
+    "vecstore.layer_indexes": 5.0,
+    "vecstore.layer_state": 5.1,
+    "vecstore.lazy_layer": 5.2,
+    "vecstore.shared_tail": 5.2,
+    "vecstore.sequence": 5.2,
+    "vecstore.batch": 5.3,
+    "vecstore.decoder": 5.3,
+    "vecstore.sequence_builder": 5.3,
+    "vecstore.transaction": 5.3,
+    "vecstore.query_engine": 5.4,
+    "vecstore.writer": 5.5,
+    "vecstore.store_core": 5.6,
+    "vecstore.store_data": 5.7,
+    "vecstore.store": 5.8,
     # the public API
     "vecstore": 6,
     # the model-side attention layer
@@ -134,7 +135,7 @@ def graph() -> dict[str, list[Edge]]:
             for name, (path, is_package) in known.items()}
 
 
-def layer(module: str) -> int:
+def layer(module: str) -> float:
     """The layer of ``module`` (:data:`LAYERS`)."""
     name = module
     while name not in LAYERS:
