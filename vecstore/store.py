@@ -25,7 +25,10 @@ class Store(StoreData):
     """A collection of sequences sharing one configuration.
 
     Open with :meth:`Store.open`: ``path=None`` gives an in-memory store, a directory
-    path a persistent one (see ``docs/persistence.md``).
+    path a persistent one (see ``docs/persistence.md``). This class holds opening, the
+    sequences and maintenance; the data path (appends, queries) comes from
+    :class:`~vecstore.store_data.StoreData`, the lifecycle and transactions from
+    :class:`~vecstore.store_core.StoreCore`.
 
     Examples
     --------
