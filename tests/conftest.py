@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import settings
 
 from vecstore import Store
+from vecstore.registry import Registry
 
 settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)
 settings.load_profile("ci")
@@ -21,6 +25,22 @@ def rng() -> torch.Generator:
 def mem_store():
     with Store.open() as store:
         yield store
+
+
+@pytest.fixture
+def register() -> Iterator[Callable[[Registry[Any], str, Any], Any]]:
+    """``register(REGISTRY, name, plugin)`` registers a plug-in for one test; every plug-in
+    registered so is unregistered when the test ends, whatever its outcome."""
+    done: list[tuple[Registry[Any], str]] = []
+
+    def add(registry: Registry[Any], name: str, plugin: Any) -> Any:
+        registry.register(name)(plugin)
+        done.append((registry, name))
+        return plugin
+
+    yield add
+    for registry, name in reversed(done):
+        registry.unregister(name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

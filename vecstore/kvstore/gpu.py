@@ -1,4 +1,4 @@
-"""GPU-resident tier: KV rows in device memory, read in place by the executor."""
+"""GPU-resident tier (``memory``): KV rows in the layer's device memory, read in place."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class GPUKVStore:
     >>> kv.free(rows); kv.account.used_bytes
     0
     """
+
+    resident = True
 
     def __init__(self, device: str | torch.device = "cpu", *, budget_gb: float = 0.0,
                  account: MemoryAccount | None = None) -> None:
