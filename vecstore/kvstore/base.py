@@ -16,7 +16,7 @@ import torch
 from vecstore.errors import CapacityError
 from vecstore.registry import Registry
 
-__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "rows_bytes",
+__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "copy_rows",
            "shape_bytes"]
 
 
@@ -172,9 +172,13 @@ def make_kvstore(kind: str, *, device: str | torch.device = "cpu", budget_gb: fl
     return cls(budget_gb=budget_gb)  # type: ignore[no-any-return]
 
 
-def rows_bytes(keys: torch.Tensor, values: torch.Tensor) -> int:
-    """Bytes of a key and a value tensor."""
-    return keys.numel() * keys.element_size() + values.numel() * values.element_size()
+def copy_rows(tier: KVStore, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
+    """:meth:`KVStore.store` through :meth:`KVStore.allocate`: a copy of ``keys, values`` in
+    ``tier``, never a view of the caller's tensors."""
+    rows = tier.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
+    rows.keys.copy_(keys)
+    rows.values.copy_(values)
+    return rows
 
 
 def shape_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:

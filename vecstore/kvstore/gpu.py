@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes, shape_bytes
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows, shape_bytes
 
 __all__ = ["GPUKVStore"]
 
@@ -58,10 +58,7 @@ class GPUKVStore:
         return StoredRows(keys, values, num_bytes)
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
-        num_bytes = rows_bytes(keys, values)
-        self._account.charge(num_bytes, f"rows {tuple(keys.shape)}")
-        return StoredRows(keys.to(self.device).contiguous(), values.to(self.device).contiguous(),
-                          num_bytes)
+        return copy_rows(self, keys, values)
 
     def free(self, rows: StoredRows) -> None:
         self._account.release(rows.num_bytes)

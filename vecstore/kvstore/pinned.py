@@ -12,7 +12,7 @@ import mmap
 import torch
 
 from vecstore.errors import CapacityError
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, shape_bytes
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows, shape_bytes
 
 __all__ = ["PinnedKVStore"]
 
@@ -85,10 +85,7 @@ class PinnedKVStore:
         return StoredRows(out[0], out[1], num_bytes)
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
-        rows = self.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
-        rows.keys.copy_(keys)
-        rows.values.copy_(values)
-        return rows
+        return copy_rows(self, keys, values)
 
     def free(self, rows: StoredRows) -> None:
         if self.is_pinned:
