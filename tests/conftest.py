@@ -10,6 +10,11 @@ import torch
 from hypothesis import settings
 
 from vecstore import Store
+from vecstore.cache import POLICIES
+from vecstore.cluster import CLUSTERERS
+from vecstore.executor import EXECUTORS
+from vecstore.index import INDEXES
+from vecstore.kvstore import KVSTORES
 from vecstore.registry import Registry
 
 settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)
@@ -41,6 +46,17 @@ def register() -> Iterator[Callable[[Registry[Any], str, Any], Any]]:
     yield add
     for registry, name in reversed(done):
         registry.unregister(name)
+
+
+@pytest.fixture(autouse=True)
+def _registries_left_as_found() -> Iterator[None]:
+    """Fail a test that leaves a plug-in registered (or removes one): later tests, and the
+    contract suites parametrized over the registries, would see it."""
+    registries = (INDEXES, CLUSTERERS, EXECUTORS, KVSTORES, POLICIES)
+    before = [r.names() for r in registries]
+    yield
+    after = [r.names() for r in registries]
+    assert after == before, f"registries changed from {before} to {after}: use `register`"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
