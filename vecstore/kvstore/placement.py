@@ -38,6 +38,14 @@ class Placement:
         Called with an index view that no query will use again (its layer grew, rolled
         back or was dropped), so an executor can free what it prepared for it.
 
+    Attributes
+    ----------
+    kind : str
+        The configured ``kvstore.kind``.
+    offload : KVStore | None
+        The store's one tier when ``kind`` is an offload tier; ``None`` for a resident
+        kind, whose tiers are built per device by :meth:`tier`.
+
     Examples
     --------
     >>> from vecstore.config import KVStoreConfig
