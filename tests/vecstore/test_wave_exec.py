@@ -299,7 +299,11 @@ def test_gpu_bf16_matches_reference(monkeypatch, offload, groups):
         assert rel_err(out, ref[0]) < 1e-2 and rel_err(lse, ref[1]) < 1e-4
         assert stats.units_retrieved == ref[2].units_retrieved
         out_e, _, stats_e = eager.run(index, view, steady, q, D ** -0.5, layer)
-        assert rel_err(out_e, out) < 1e-3 and stats_e.tokens_exact == stats.tokens_exact
+        assert rel_err(out_e, out) < 1e-3
+        # the captured step's stats (one fused kernel) equal the eager step's (torch)
+        counts = ("tokens_total", "tokens_exact", "units_retrieved", "units_estimated")
+        assert [getattr(stats, f) for f in counts] == [getattr(stats_e, f) for f in counts]
+        assert stats.estimated_mass == pytest.approx(stats_e.estimated_mass, rel=1e-4)
     if offload:
         buf = next(iter(ex._prepared.values())).buffer
         buf.bookkeeper.wait()

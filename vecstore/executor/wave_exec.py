@@ -43,6 +43,7 @@ from vecstore.executor.wave_state import (
 from vecstore.executor.wave_streams import StreamPool, on, pipeline_groups
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels._backend import is_interpreted, resolve_backend
+from vecstore.kernels.step_stats import accumulate_step
 from vecstore.types import QueryStats
 
 __all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
@@ -369,10 +370,12 @@ class WaveExecutor:
         qs = q.contiguous().clone()
         warm = torch.cuda.Stream(q.device)
         warm.wait_stream(torch.cuda.current_stream(q.device))
+        H = prep.sizes.shape[0] // B
         with torch.cuda.stream(warm):  # compiles the kernels; a real step for the buffer
             if prep.buffer is not None:
                 prep.buffer.begin_step()
-            self.decode(prep, static, qs, scale)
+            res = self.decode(prep, static, qs, scale)
+            _graph_stats(res, static, prep.tokens_total, H)
             if prep.buffer is not None:
                 prep.buffer.finish_step()
         torch.cuda.current_stream(q.device).wait_stream(warm)
@@ -382,5 +385,15 @@ class WaveExecutor:
         # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             res = self.decode(prep, static, qs, scale)
-            stats = step_stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
+            stats = _graph_stats(res, static, prep.tokens_total, H)
         return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
+
+
+def _graph_stats(res: DecodeResult, steady: Steady, indexed: int, H: int) -> torch.Tensor:
+    """:func:`step_stats` in two launches (a zeroed accumulator and one Triton kernel) for
+    a captured step, instead of some twenty small ones."""
+    stats = torch.zeros(5, dtype=torch.float64, device=res.lse.device)
+    z = res.zones
+    accumulate_step(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts, res.lse,
+                    steady.lengths, indexed, H, stats)
+    return stats
