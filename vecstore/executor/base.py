@@ -10,7 +10,7 @@ import torch
 from vecstore.cache.base import POLICIES
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
-from vecstore.kernels._backend import has_triton
+from vecstore.kernels.backend import has_triton
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 
