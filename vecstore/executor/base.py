@@ -92,9 +92,9 @@ def resolve_kind(kind: str, device: str) -> str:
 
 def build_executor(config: StoreConfig) -> Executor:
     """The executor a store of ``config`` queries with: ``executor.kind`` (resolved by
-    :func:`resolve_kind`) on ``executor.device``. A registered class with a ``from_config(config)`` classmethod builds
-    itself from the whole configuration (the wave executor takes its block cache's policy and
-    size from ``cache``).
+    :func:`resolve_kind`) on ``executor.device``. A registered class with a
+    ``from_config(config)`` classmethod builds itself from the whole configuration (the wave
+    executor takes its block cache's policy and size from ``cache``).
 
     Raises
     ------

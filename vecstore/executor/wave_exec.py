@@ -32,7 +32,7 @@ from vecstore.executor.wave_state import DecodeResult, PreparedView, prepare_vie
 from vecstore.executor.wave_step import decode_step
 from vecstore.executor.wave_streams import StreamPool
 from vecstore.index.base import EstimatingIndex, Index, IndexView
-from vecstore.kernels.backend import is_interpreted, resolve_backend
+from vecstore.kernels.backend import Backend, is_interpreted, resolve_backend
 from vecstore.types import QueryStats
 
 __all__ = ["WaveExecutor"]
@@ -84,7 +84,7 @@ class WaveExecutor:
     torch.Size([1, 4, 1, 8])
     """
 
-    def __init__(self, device: str = "cpu", *, backend: str = "auto",
+    def __init__(self, device: str = "cpu", *, backend: Backend = "auto",
                  score_dtype: torch.dtype | None = torch.int8, cache_policy: str = "lru",
                  cache_capacity: float = 0.05, slot_tokens: int = 32,
                  simulate_offload: bool = False, use_graphs: bool = True) -> None:
