@@ -123,7 +123,11 @@ def _check_ranked(device: torch.device, rows: int, group: int, num_clusters: int
                   num_splits: int, gen: torch.Generator) -> None:
     sizes = torch.randint(0, 6, (rows, num_clusters), generator=gen, dtype=torch.int32)
     first = (torch.cumsum(sizes, 1) - sizes).int()
-    rank = 3 * torch.randn(rows * group, num_clusters, generator=gen)
+    # clusters share one of 50 logit columns per row: many exact ties (broken by id in the
+    # kernel and the reference alike), and scores apart by far more than float32 rounding
+    patterns = 3 * torch.randn(rows * group, 50, generator=gen)
+    pick = torch.randint(0, 50, (rows, num_clusters), generator=gen)
+    rank = patterns.gather(1, pick.repeat_interleave(group, 0))
     empty = (sizes <= 0).repeat_interleave(group, 0)
     rank = rank.masked_fill(empty, float("-inf"))
     # each split's max and sum of exp, as centroid_logits writes them
