@@ -24,7 +24,7 @@ import torch
 from vecstore.errors import InvalidValueError
 from vecstore.executor.base import Steady
 from vecstore.executor.wave_state import PreparedView, step_stats
-from vecstore.kernels._backend import resolve_backend
+from vecstore.kernels.backend import resolve_backend
 from vecstore.tail import TailBuffer, writing
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel
+from vecstore.kernels.backend import LazyKernel
 
 __all__ = ["accumulate_step"]
 

@@ -1,9 +1,10 @@
-"""Backend choice for the decode kernels: Triton on CUDA tensors, plain torch otherwise.
+"""Backend choice for the decode kernels, and how a kernel is launched.
 
-Every public kernel takes ``backend="auto" | "triton" | "torch"``. ``"auto"`` picks Triton when
-the inputs live on a CUDA device and Triton is importable, torch otherwise. ``"triton"`` on CPU
-tensors runs only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests
-exercise the kernels without a GPU.
+An executor takes ``backend="auto" | "triton" | "torch"`` (:func:`resolve_backend`). ``"auto"``
+picks Triton when the inputs live on a CUDA device and Triton is importable, the torch
+reference (:mod:`vecstore.kernels.reference`) otherwise. ``"triton"`` on CPU tensors runs only
+under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests exercise the
+kernels without a GPU.
 
 Kernels are wrapped in :class:`LazyKernel`, which applies ``triton.jit`` at the first launch
 rather than at import, so importing a kernel module does no Triton work. Note that
@@ -28,8 +29,6 @@ __all__ = [
     "Backend",
     "BACKENDS",
     "LazyKernel",
-    "dot_precision",
-    "group_tiles",
     "has_triton",
     "is_interpreted",
     "needs_f32_dot",
@@ -124,15 +123,6 @@ class LazyKernel:
         return kernel[grid]  # type: ignore[no-any-return]
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """Return the ``tl.dot`` input precision for operands of ``dtype``.
-
-    Float32 operands use ``"ieee"`` so that float32 inputs keep float32 accuracy (TF32 would
-    round them to 10 mantissa bits); the setting does not matter for 16-bit operands.
-    """
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def needs_f32_dot(dtype: torch.dtype) -> bool:
     """Return whether ``tl.dot`` operands of ``dtype`` must be upcast to float32 first.
 
@@ -141,25 +131,6 @@ def needs_f32_dot(dtype: torch.dtype) -> bool:
     bfloat16 converts to float32 without rounding). Compiled kernels keep bfloat16 operands.
     """
     return dtype == torch.bfloat16 and is_interpreted()
-
-
-def group_tiles(group: int, dim: int, dtype: torch.dtype) -> dict[str, Any]:
-    """Return the ``tl.dot`` launch constants of a kernel over the query heads of a KV head.
-
-    ``G = group`` query heads of head dim ``D = dim``, their tile sizes ``BLOCK_G`` and
-    ``BLOCK_D`` (powers of two, at least 16 as ``tl.dot`` needs), and the ``PRECISION`` and
-    ``DOT_F32`` of operands of ``dtype`` (:func:`dot_precision`, :func:`needs_f32_dot`).
-    """
-    import triton
-
-    return {
-        "G": group,
-        "D": dim,
-        "BLOCK_G": max(16, triton.next_power_of_2(group)),
-        "BLOCK_D": max(16, triton.next_power_of_2(dim)),
-        "PRECISION": dot_precision(dtype),
-        "DOT_F32": needs_f32_dot(dtype),
-    }
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,4 +1,4 @@
-"""The radix select of the wave step: device helpers shared with the score and selection
+"""The radix select of the index probe: device helpers shared with the score and zone
 kernels, and the passes that find each row's two thresholds (:func:`radix_thresholds`).
 
 Scores map to uint32 keys in the same order; the ``k``-th largest key of a row is found MSB
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels._backend import LazyKernel
+from vecstore.kernels.backend import LazyKernel
 
 __all__ = [
     "RADIX_BITS", "RADIX_PASSES", "radix_keys", "radix_digit", "radix_threshold",

@@ -1,4 +1,8 @@
-"""Where a step's retrieved clusters sit in the wave buffer's execution buffer."""
+"""Where a step's retrieved clusters sit in the wave buffer's execution buffer.
+
+The slot lookup (:mod:`vecstore.kernels.slot_table`) writes it; the cluster copies
+(:mod:`vecstore.kernels.cluster_copy`) read it.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ __all__ = ["ExecLayout"]
 class ExecLayout:
     """Where a step's retrieved clusters sit in the execution buffer: a row's hits first,
     then its misses, each in retrieved order (written by
-    :func:`~vecstore.executor.wave_cache.lookup_slots`, read by the copies between the
+    :func:`~vecstore.kernels.slot_table.lookup_slots`, read by the copies between the
     tiers).
 
     Attributes

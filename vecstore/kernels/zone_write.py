@@ -1,61 +1,29 @@
-"""Triton kernels of the wave executor's index probe: rank every cluster, choose the zones.
+"""The index probe's zone write: each cluster marked retrieved, estimated or dropped.
 
-``centroid_logits`` — the logits of the G query heads of each (sequence, KV head) row
-(one ``tl.dot`` per tile, each centroid read once per group); ``select_ranked`` — the
-GQA-summed softmax score fused with the first radix pass, then the ``k1``-th and
-``k2``-th largest scores by a radix select (no sort;
-:func:`vecstore.executor.wave_radix.radix_thresholds`, which also records both thresholds
-per row), per-chunk counts, one scan per row, and a parallel write (one packed scan per
-chunk) that marks each cluster retrieved (rank < k1), estimated (k1 <= rank < k2) or
-dropped, compacts the retrieved ids with their first row and the running sum of their
-sizes, and the estimated ids. Ties rank by cluster id, so the zones are those of a stable
-top-k (RetroInfer's plan, :func:`vecstore.executor.plan.make_plan`).
+Given a row's ranking score and its two thresholds (the ``k1``-th and ``k2``-th largest
+scores, :func:`vecstore.kernels.radix_select.radix_thresholds`), :func:`write_zones` runs
+per-chunk counts, one scan per row, and a parallel write (one packed scan per chunk) that
+marks each cluster retrieved (rank < k1), estimated (k1 <= rank < k2) or dropped, compacts
+the retrieved ids with their first row and the running sum of their sizes, and the estimated
+ids. Ties rank by cluster id, so the zones are those of a stable top-k (RetroInfer's plan,
+:func:`vecstore.executor.plan.make_plan`).
 
-Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
+Rows are ``b * Hkv + h``.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from vecstore.executor.wave_radix import (
-    RADIX_BITS,
-    RADIX_PASSES,
-    chained,
-    follow,
-    radix_keys,
-    radix_thresholds,
-)
-from vecstore.executor.wave_rank import LOGITS, SCORE
-from vecstore.kernels._backend import LazyKernel, needs_f32_dot, num_sms
+from vecstore.kernels.backend import LazyKernel
+from vecstore.kernels.radix_select import chained, follow, radix_keys, radix_thresholds
+from vecstore.kernels.zones import Zones
 
-if TYPE_CHECKING:
-    from vecstore.executor.wave_state import Zones
-
-__all__ = ["Logits", "centroid_logits", "select_ranked", "select_zones"]
+__all__ = ["select_grid", "write_zones"]
 
 _SELECT_BLOCK = 1024
-# the logits kernel: centroids per tile, programs per SM the splits aim at, warps, pipeline
-# stages; H200 whole steps, against 64 / 4 / 4 / 3: 159 against 164 us at 8 x 128K, 458
-# against 465 at 8 x 512K, 465 against 479 at 4 x 1M (tiles of 32 or 128, 8 warps, 4 stages
-# all slower)
-_BLOCK_LOGITS = 64
-_LOGITS_PER_SM = 8
-_LOGITS_WARPS = 4
-_LOGITS_STAGES = 2
-# int8 centroid codes: tiles of 128 (the bytes of 64 bfloat16 centroids) and 3 stages; H200
-# whole steps 0.393 / 0.386 / 0.700 ms at 8 x 512K / 4 x 1M / 8 x 1M against 0.452 / 0.448 /
-# 0.816 with the bfloat16 tiling (128 / 2: 0.413 / 0.405 / 0.735; 128 / 4, 256 / 3 slower)
-_SQ8_BLOCK_LOGITS = 128
-_SQ8_LOGITS_STAGES = 3
-# splits of a row at most: 0.164 against 0.175 ms at 1 x 1M with 128 instead of 64 (8 rows fill
-# the SMs), the same at 8 x 128K, 4 x 1M, 8 x 1M
-_LOGITS_MAX_SPLITS = 128
 
 
 @triton.jit
@@ -231,138 +199,25 @@ _SCAN = LazyKernel(_zone_scan_kernel)
 _WRITE = LazyKernel(_zone_write_kernel)
 
 
-@dataclass(frozen=True, slots=True)
-class Logits:
-    """What :func:`centroid_logits` leaves for :func:`select_ranked`: the ranking logits
-    ``rank [rows * G, C]`` and, per query row and split of the clusters, the running max and
-    sum of their exponentials ``pmax``/``psum [rows * G, splits]`` (float32)."""
-
-    rank: torch.Tensor
-    pmax: torch.Tensor
-    psum: torch.Tensor
-
-
-def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
-                    sizes: torch.Tensor, scale: float, radius_weight: float,
-                    weights: torch.Tensor, code_scales: torch.Tensor | None = None) -> Logits:
-    """Score every cluster for every query head (the index probe's bandwidth-bound part).
-
-    Parameters
-    ----------
-    q : torch.Tensor
-        ``[rows * G, D]`` queries, the centroids' dtype (a float dtype for int8 centroids).
-    centroids : torch.Tensor
-        ``[rows, C, D]``, float, or int8 codes with ``code_scales`` (:mod:`~vecstore.executor.sq8`).
-    radii : torch.Tensor | None
-        ``[rows, C]`` float32 cluster radii; ``None`` ranks by the centroids alone.
-    sizes : torch.Tensor
-        ``[rows, C]`` int32.
-    radius_weight : float
-        Weight of the radius in the ranking logit ``scale * (q . c_j + w * |q| * r_j)``.
-    weights : torch.Tensor
-        ``[rows * G, C]`` float32, written: the estimation zone's log weights
-        ``scale * q . c_j + log n_j``, ``-inf`` for empty clusters.
-    code_scales : torch.Tensor | None
-        ``[rows, C]`` float32 scales of int8 ``centroids``.
-    """
-    rows, num_clusters, dim = centroids.shape
-    group = q.shape[0] // rows
-    dev = q.device
-    sq8 = code_scales is not None
-    tile = _SQ8_BLOCK_LOGITS if sq8 else _BLOCK_LOGITS
-    blocks = triton.cdiv(num_clusters, tile)
-    splits = max(1, min(blocks, _LOGITS_MAX_SPLITS,
-                        triton.cdiv(_LOGITS_PER_SM * num_sms(dev), rows)))
-    split_len = triton.cdiv(blocks, splits) * tile
-    splits = triton.cdiv(num_clusters, split_len)
-    pmax = torch.empty(rows * group, splits, dtype=torch.float32, device=dev)
-    psum = torch.empty_like(pmax)
-    use_radius = radius_weight != 0.0 and radii is not None
-    rank = torch.empty_like(weights)
-    r = radii if use_radius else weights  # any pointer; unread without RADIUS
-    LOGITS[(rows, splits)](q, centroids, code_scales if sq8 else weights, sizes, r, weights,
-                            rank, pmax, psum, num_clusters, split_len, splits, scale,
-                            scale * radius_weight, G=group, D=dim,
-                            BLOCK_G=max(16, triton.next_power_of_2(group)),
-                            BLOCK_C=tile, DOT_F32=needs_f32_dot(q.dtype),
-                            RADIUS=use_radius, SQ8=sq8, num_warps=_LOGITS_WARPS,
-                            num_stages=_SQ8_LOGITS_STAGES if sq8 else _LOGITS_STAGES)
-    return Logits(rank, pmax, psum)
-
-
-def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
-                  k1: torch.Tensor, k2: torch.Tensor, out: Zones) -> None:
-    """The GQA-summed softmax score of every cluster, then the zones, as by
-    :func:`select_zones` (the index probe's latency-bound part).
-
-    Parameters
-    ----------
-    logits : Logits
-        From :func:`centroid_logits`.
-    sizes, first_row : torch.Tensor
-        ``[rows, C]`` int32.
-    k1, k2 : torch.Tensor
-        ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters.
-    out : Zones
-        Written, as by :func:`select_zones`.
-    """
-    rows, num_clusters = sizes.shape
-    group = logits.rank.shape[0] // rows
-    splits = logits.pmax.shape[1]
-    dev = sizes.device
-    score = torch.empty(rows, num_clusters, dtype=torch.float32, device=dev)
-    block, nchunk = _select_grid(num_clusters)
-    counts, ncand = _radix_counts(rows, dev)
-    SCORE[(rows, nchunk)](logits.rank, logits.pmax, logits.psum, score, counts, num_clusters,
-                           splits, G=group, BLOCK_G=triton.next_power_of_2(group),
-                           BLOCK_S=triton.next_power_of_2(splits), PASSES=RADIX_PASSES,
-                           BITS=RADIX_BITS, BLOCK=block)
-    _finish_select(score, sizes, first_row, k1, k2, counts, ncand, 1, out)
-
-
-def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
-                 k1: torch.Tensor, k2: torch.Tensor, out: Zones) -> None:
-    """Mark the ``k1`` best clusters of each row retrieved and the next ``k2 - k1`` estimated.
-
-    Ranks are by score, ties by cluster id (a stable top-k). Radix passes of ``RADIX_BITS``
-    bits find both thresholds with every (row, chunk) in parallel; then per-chunk counts, one
-    scan per row, and a parallel write of the zones and the compacted retrieved and
-    estimated ids.
-
-    Parameters
-    ----------
-    score : torch.Tensor
-        ``[rows, C]`` float32 ranking score (higher first, ``-inf`` never taken).
-    sizes, first_row : torch.Tensor
-        ``[rows, C]`` int32 cluster sizes and first KV rows.
-    k1, k2 : torch.Tensor
-        ``[rows]`` int32, ``0 <= k1 <= k2 <= C``.
-    out : Zones
-        Written in place.
-    """
-    counts, ncand = _radix_counts(score.shape[0], score.device)
-    _finish_select(score, sizes, first_row, k1, k2, counts, ncand, 0, out)
-
-
-def _radix_counts(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # the radix histograms [rows, 2, RADIX_PASSES, 2**RADIX_BITS] and candidate counts
-    # [rows, 2], zeroed by one fill
-    bins = rows * 2 * RADIX_PASSES << RADIX_BITS
-    both = torch.zeros(bins + rows * 2, dtype=torch.int32, device=device)
-    return (both[:bins].view(rows, 2, RADIX_PASSES, 1 << RADIX_BITS),
-            both[bins:].view(rows, 2))
-
-
-def _select_grid(num_clusters: int) -> tuple[int, int]:
+def select_grid(num_clusters: int) -> tuple[int, int]:
+    """``(scores per chunk, chunks)`` of a row of ``num_clusters`` clusters in the zone
+    kernels."""
     block = min(_SELECT_BLOCK, max(16, triton.next_power_of_2(num_clusters)))
     return block, triton.cdiv(num_clusters, block)
 
 
-def _finish_select(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
-                   k1: torch.Tensor, k2: torch.Tensor, counts: torch.Tensor,
-                   ncand: torch.Tensor, first_pass: int, out: Zones) -> None:
+def write_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tensor,
+                k1: torch.Tensor, k2: torch.Tensor, counts: torch.Tensor, ncand: torch.Tensor,
+                first_pass: int, out: Zones) -> None:
+    """Find both thresholds of every row (radix passes ``first_pass..``), then write ``out``.
+
+    ``score [rows, C]`` float32 (``-inf`` never taken); ``sizes``, ``first_row [rows, C]``
+    int32; ``k1 <= k2 [rows]`` int32; ``counts`` and ``ncand`` the radix histograms and
+    candidate counts (:func:`~vecstore.kernels.radix_select.radix_thresholds`), zeroed but
+    for the passes before ``first_pass``.
+    """
     rows, num_clusters = score.shape
-    block, nchunk = _select_grid(num_clusters)
+    block, nchunk = select_grid(num_clusters)
     dev = score.device
     stats = torch.empty(rows, nchunk, 12, dtype=torch.int32, device=dev)
     bases = torch.empty(rows, nchunk + 1, 5, dtype=torch.int32, device=dev)
