@@ -5,8 +5,8 @@ global that is not a ``tl.constexpr``, say) passes every interpreter test and fa
 first GPU run. Here the wave executor's decode step (resident, pipelined, offloaded, both
 radix paths; int8, bfloat16 and float32 centroids) runs in the interpreter at the Llama head
 size with every launch recorded, then each recorded launch is compiled to an sm_90 cubin by
-a subprocess without the interpreter (:mod:`tests.kernel_compile`). Every kernel of
-:mod:`vecstore.kernels` must be among the launches.
+a subprocess without the interpreter (:mod:`tests.kernel_compile`), and so is the stats
+kernel of captured steps. Every kernel of :mod:`vecstore.kernels` must be among the launches.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _all_kernels() -> set[str]:
     return names
 
 
-def _decode(dtype: torch.dtype, **executor: object) -> None:
+def _inputs(dtype: torch.dtype) -> tuple[WaveIndex, IndexView, Steady, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     index = WaveIndex(CFG)
     views = [IndexView.from_segments(index.build(torch.randn(H, n, D, generator=gen).to(dtype),
@@ -51,8 +51,30 @@ def _decode(dtype: torch.dtype, **executor: object) -> None:
     steady = Steady(torch.randn(2, H, 40, D, generator=gen).to(dtype),
                     torch.randn(2, H, 40, D, generator=gen).to(dtype), torch.tensor([40, 17]))
     q = torch.randn(2, H * G, 1, D, generator=gen).to(dtype)
-    WaveExecutor(backend="triton", **executor).run(index, IndexView.stack(views), steady, q,
-                                                   D ** -0.5, CFG.for_layer(0))
+    return index, IndexView.stack(views), steady, q
+
+
+def _decode(dtype: torch.dtype, **executor: object) -> None:
+    index, view, steady, q = _inputs(dtype)
+    WaveExecutor(backend="triton", **executor).run(index, view, steady, q, D ** -0.5,
+                                                   CFG.for_layer(0))
+
+
+def _step_stats() -> None:
+    """The stats kernel of captured steps, with the NaN/Inf check (the batch decoder's) and
+    without (a captured store query's)."""
+    from vecstore.kernels.step_stats import accumulate_step
+
+    index, view, steady, q = _inputs(torch.bfloat16)
+    ex = WaveExecutor(backend="triton")
+    prep = ex.prepare(view, CFG.for_layer(0), index)
+    res = ex.decode(prep, steady, q[:, :, 0].contiguous(), D ** -0.5)
+    z, kv = res.zones, steady.keys[:, :, :1]
+    for checked in ((), (q, kv, kv)):
+        accumulate_step(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts,
+                        res.lse, steady.lengths, prep.tokens_total, H,
+                        torch.zeros(5, dtype=torch.float64), checked,
+                        torch.ones((), dtype=torch.int32))
 
 
 @interpreted
@@ -69,6 +91,7 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16, simulate_offload=True)
         _decode(torch.float32, score_dtype=torch.float32)
         _decode(torch.bfloat16, score_dtype=torch.bfloat16)  # the default scores int8 codes
+        _step_stats()
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
     launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},

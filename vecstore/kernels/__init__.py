@@ -12,7 +12,9 @@ order:
   :mod:`~vecstore.kernels.estimated_attention` — split-K attention over the three zones;
 - :mod:`~vecstore.kernels.merge_parts` — the log-sum-exp merge of their partial states;
 - :mod:`~vecstore.kernels.slot_table`, :mod:`~vecstore.kernels.cluster_copy` — the wave
-  buffer's slot lookup, admission and cluster copies (offloaded views).
+  buffer's slot lookup, admission and cluster copies (offloaded views);
+- :mod:`~vecstore.kernels.step_stats` — a captured step's stats and NaN/Inf check, in one
+  launch per layer.
 
 :mod:`~vecstore.kernels.reference` is their torch reference; :mod:`~vecstore.kernels.backend`
 chooses between the two. Importing this package does not import Triton (the kernel modules
