@@ -7,13 +7,13 @@ import pytest
 import torch
 from kernel_refs import (
     DTYPES,
-    TOLERANCE,
     assert_state_close,
     clustered,
     empty_parts,
     make_zones,
     merged_parts,
     on,
+    tolerance,
 )
 
 from tests.interpreter import interpreted
@@ -49,7 +49,7 @@ def _check(device: torch.device, rows: int, group: int, dim: int, num_clusters: 
     ref = estimate(q.view(rows, 1, group, 1, dim), centroids.gather(1, gather)[:, None],
                    log_n[:, None], vmean.double().nan_to_num().gather(1, gather)[:, None],
                    scale)
-    assert_state_close(out, lse, *ref, TOLERANCE[dtype])
+    assert_state_close(out, lse, *ref, tolerance(dtype, device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

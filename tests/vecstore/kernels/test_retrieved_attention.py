@@ -8,13 +8,13 @@ import pytest
 import torch
 from kernel_refs import (
     DTYPES,
-    TOLERANCE,
     assert_state_close,
     clustered,
     empty_parts,
     make_zones,
     merged_parts,
     on,
+    tolerance,
 )
 
 from tests.interpreter import interpreted
@@ -62,7 +62,7 @@ def _check_in_place(device, rows, group, dim, num_clusters, picks, dtype, gen):
     attend_retrieved(q.to(device), keys.to(device), values.to(device), z, rowmap, dim ** -0.5,
                      parts, 0)
     out, lse = merged_parts(parts, 0, splits)
-    assert_state_close(out, lse, *_reference(q, keys, values, valid, group), TOLERANCE[dtype])
+    assert_state_close(out, lse, *_reference(q, keys, values, valid, group), tolerance(dtype, device))
 
 
 def _check_execution_buffer(device, rows, group, dim, num_clusters, picks, dtype, gen):
@@ -83,8 +83,8 @@ def _check_execution_buffer(device, rows, group, dim, num_clusters, picks, dtype
     attend_retrieved(*args, halves, 0, split=split.to(device))
     attend_retrieved(*args, halves, splits, split=split.to(device), after_split=True)
     ref = _reference(q, keys, values, valid, group)
-    assert_state_close(*merged_parts(whole, 0, splits), *ref, TOLERANCE[dtype])
-    assert_state_close(*merged_parts(halves, 0, 2 * splits), *ref, TOLERANCE[dtype])
+    assert_state_close(*merged_parts(whole, 0, splits), *ref, tolerance(dtype, device))
+    assert_state_close(*merged_parts(halves, 0, 2 * splits), *ref, tolerance(dtype, device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_refs import DTYPES, TOLERANCE, assert_state_close, empty_parts, merged_parts
+from kernel_refs import DTYPES, assert_state_close, empty_parts, merged_parts, tolerance
 
 from tests.interpreter import interpreted
 from vecstore.kernels.reference import attend
@@ -29,7 +29,7 @@ def _check(device: torch.device, batch: int, heads: int, group: int, dim: int, c
     valid = valid.expand(batch, heads, capacity)
     ref = attend(q.double().view(batch, heads, group, 1, dim), keys.double().nan_to_num(),
                  values.double().nan_to_num(), valid, dim ** -0.5)
-    assert_state_close(out, lse, *ref, TOLERANCE[dtype])
+    assert_state_close(out, lse, *ref, tolerance(dtype, device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
