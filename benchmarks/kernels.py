@@ -1,11 +1,14 @@
-"""Check the decode kernels against float64 references, then time Triton vs the torch fallback.
+"""Check the decode step's kernels against float64 references, then time each beside its torch
+reference.
 
-Needs only torch and triton and a CUDA device. Llama-3-8B attention shape (32 query heads,
-8 KV heads, head dim 128, bf16), 16 tokens per cluster, the default budgets (retrieval 1.8%,
-estimation 23.2% of clusters, steady zone 4 + 64 tokens). Per kernel, batch and context it
-times both backends interleaved (A B A B ...), each the median of ``triton.testing`` runs:
-replayed from a CUDA graph with inputs rotated past the 60 MB L2 when the call can be
-captured, otherwise eager ``do_bench`` (which flushes L2 before every run).
+Needs a CUDA device. Llama-3-8B attention shape (32 query heads, 8 KV heads, head dim 128,
+bf16 KV, int8 centroid codes as the wave executor scores by default), 16 tokens per cluster,
+the default budgets (retrieval 1.8%, estimation 23.2% of clusters, steady zone 4 + 64 tokens).
+Each kernel of :mod:`vecstore.kernels` runs with the launch parameters the wave executor uses
+(the same launch wrappers); the torch side is :mod:`vecstore.kernels.reference` and the
+index's ranking. Per kernel, batch and context both are timed interleaved (A B A B ...), the
+median of ``triton.testing`` runs replayed from a CUDA graph. The whole step is timed by
+``benchmarks/decode.py``.
 
 Usage::
 
@@ -21,7 +24,6 @@ import platform
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,229 +31,213 @@ import torch
 import triton
 import triton.testing
 
-ROOT = Path(__file__).resolve().parents[1]
-HQ, HKV, D, TOKENS_PER_CLUSTER = 32, 8, 128, 16
-RETRIEVAL, ESTIMATION, STEADY = 0.018, 0.232, 4 + 64
-L2_BYTES = 60 * 2**20
-MAX_COPIES = 16  # input sets rotated through a captured graph, so small inputs miss L2
-KERNELS = (
-    "score_centroids",
-    "estimate_zone",
-    "sparse_decode_attention",
-    "sparse_attention_by_clusters",
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vecstore.executor.sq8 import dequantize, quantize  # noqa: E402
+from vecstore.index.pages import group_softmax_rank  # noqa: E402
+from vecstore.index.wave import bound_logits  # noqa: E402
+from vecstore.kernels.centroid_logits import Logits, centroid_logits  # noqa: E402
+from vecstore.kernels.estimated_attention import attend_estimated, estimate_layout  # noqa: E402
+from vecstore.kernels.merge_parts import combine  # noqa: E402
+from vecstore.kernels.reference import attend, estimate, merge  # noqa: E402
+from vecstore.kernels.retrieved_attention import (  # noqa: E402
+    attend_retrieved,
+    fill_rowmap,
+    retrieved_layout,
 )
+from vecstore.kernels.steady_attention import attend_steady, steady_splits  # noqa: E402
+from vecstore.kernels.zone_select import select_ranked  # noqa: E402
+from vecstore.kernels.zones import Zones  # noqa: E402
+
+HQ, HKV, D, TOKENS_PER_CLUSTER = 32, 8, 128, 16
+G = HQ // HKV
+RETRIEVAL, ESTIMATION, STEADY, RADIUS_WEIGHT = 0.018, 0.232, 4 + 64, 0.5
+SCALE = D**-0.5
+DEVICE = "cuda"
 TOLERANCE = 1e-2  # relative L2 error allowed for bf16 inputs
+KERNELS = ("centroid_logits", "select_ranked", "attend_retrieved", "attend_steady",
+           "attend_estimated", "combine")
 
 
-def import_kernels() -> types.ModuleType:
-    """Import ``vecstore.kernels`` without the store's own dependencies if they are missing."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        import vecstore.kernels as kernels
-    except ImportError:
-        # vecstore/__init__ imports the store (SQLAlchemy, ...); the kernels need torch + triton.
-        for name in [m for m in sys.modules if m == "vecstore" or m.startswith("vecstore.")]:
-            del sys.modules[name]
-        package = types.ModuleType("vecstore")
-        package.__path__ = [str(ROOT / "vecstore")]
-        sys.modules["vecstore"] = package
-        import vecstore.kernels as kernels
-    return kernels
+class Step:
+    """The inputs and outputs of one decode step over ``batch`` sequences of ``tokens``."""
+
+    def __init__(self, batch: int, tokens: int, gen: torch.Generator) -> None:
+        dev, bf16 = DEVICE, torch.bfloat16
+        self.rows, self.clusters = batch * HKV, tokens // TOKENS_PER_CLUSTER
+        rows, clusters = self.rows, self.clusters
+        self.q = torch.randn(rows * G, D, device=dev, generator=gen).to(bf16)
+        centroids = torch.randn(rows, clusters, D, device=dev, generator=gen)
+        self.codes, self.code_scales = quantize(centroids)
+        self.radii = torch.rand(rows, clusters, device=dev, generator=gen)
+        self.sizes = torch.full((rows, clusters), TOKENS_PER_CLUSTER, device=dev,
+                                dtype=torch.int32)
+        self.first = (torch.arange(clusters, device=dev, dtype=torch.int32)
+                      * TOKENS_PER_CLUSTER).expand(rows, -1).contiguous()
+        r_max = math.ceil(RETRIEVAL * clusters)
+        e_max = math.ceil(ESTIMATION * clusters)
+        self.k1 = torch.full((rows,), r_max, device=dev, dtype=torch.int32)
+        self.k2 = self.k1 + e_max
+        self.keys = torch.randn(rows, tokens, D, device=dev, generator=gen).to(bf16)
+        self.values = torch.randn(rows, tokens, D, device=dev, generator=gen).to(bf16)
+        self.steady_k = torch.randn(batch, HKV, STEADY, D, device=dev, generator=gen).to(bf16)
+        self.steady_v = torch.randn(batch, HKV, STEADY, D, device=dev, generator=gen).to(bf16)
+        self.steady_len = torch.full((batch,), STEADY, device=dev)
+        self.vmean = torch.randn(rows, clusters, D, device=dev, generator=gen).to(bf16)
+        self.weights = torch.empty(rows * G, clusters, device=dev)
+        self.zones = Zones.empty(rows, clusters, r_max, torch.device(dev), e_max)
+        self.max_rows = r_max * TOKENS_PER_CLUSTER
+        self.rowmap = torch.empty(rows, self.max_rows, device=dev, dtype=torch.int32)
+        self.n_ret = retrieved_layout(self.max_rows)[1]
+        self.n_std = steady_splits(STEADY)
+        num_parts = self.n_ret + self.n_std + estimate_layout(e_max)[1]
+        self.parts = (torch.empty(rows * G, num_parts, D, device=dev),
+                      torch.empty(rows * G, num_parts, device=dev))
+        self.out = torch.empty(rows * G, D, device=dev, dtype=bf16)
+        self.lse = torch.empty(rows * G, device=dev)
+        self.logits = self.run_logits()
+        select_ranked(self.logits, self.sizes, self.first, self.k1, self.k2, self.zones)
+        fill_rowmap(self.zones, self.rowmap)
+
+    def run_logits(self) -> Logits:
+        return centroid_logits(self.q, self.codes, self.radii, self.sizes, SCALE, RADIUS_WEIGHT,
+                               self.weights, self.code_scales)
+
+    def triton_calls(self) -> dict[str, Callable[[], object]]:
+        """One zero-argument launch per kernel, as the wave executor launches it."""
+        z, parts = self.zones, self.parts
+        return {
+            "centroid_logits": self.run_logits,
+            "select_ranked": lambda: select_ranked(self.logits, self.sizes, self.first, self.k1,
+                                                   self.k2, z),
+            "attend_retrieved": lambda: attend_retrieved(self.q, self.keys, self.values, z,
+                                                         self.rowmap, SCALE, parts, 0),
+            "attend_steady": lambda: attend_steady(self.q, self.steady_k, self.steady_v,
+                                                   self.steady_len, SCALE, parts, self.n_ret),
+            "attend_estimated": lambda: attend_estimated(self.weights, self.vmean, z, parts,
+                                                         self.n_ret + self.n_std),
+            "combine": lambda: combine(parts, self.out, self.lse),
+        }
+
+    def grouped(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The queries ``[rows, 1, G, 1, D]`` as the references take them."""
+        return self.q.to(dtype).view(self.rows, 1, G, 1, D)
+
+    def retrieved_mask(self) -> torch.Tensor:
+        """``[rows, 1, tokens]`` bool: the rows of each row's retrieved clusters."""
+        hit = (self.zones.zone == 1).repeat_interleave(TOKENS_PER_CLUSTER, dim=1)
+        return hit[:, None]
+
+    def torch_calls(self) -> dict[str, Callable[[], object]]:
+        """The torch reference of each kernel on the same inputs (float32)."""
+        dq = dequantize(self.codes, self.code_scales)[None]
+        est = self.zones.est_ids.long().clamp_min(0)
+        gather = est[..., None].expand(-1, -1, D)
+        log_n = self.sizes.gather(1, est).float().log()[:, None]
+        kv = (self.keys[:, None], self.values[:, None])
+        return {
+            "centroid_logits": lambda: bound_logits(self.grouped()[None, :, 0], dq,
+                                                    self.radii[None], SCALE, RADIUS_WEIGHT),
+            "select_ranked": lambda: torch.topk(group_softmax_rank(
+                self.logits.rank.view(1, self.rows, G, 1, -1), self.sizes[None]),
+                int(self.k2[0])),
+            "attend_retrieved": lambda: attend(self.grouped(), *kv, self.retrieved_mask(),
+                                               SCALE),
+            "attend_steady": lambda: attend(self.grouped(), self.steady_k.flatten(0, 1)[:, None],
+                                            self.steady_v.flatten(0, 1)[:, None],
+                                            torch.ones(self.rows, 1, STEADY, dtype=torch.bool,
+                                                       device=DEVICE), SCALE),
+            "attend_estimated": lambda: estimate(self.grouped(), dq[0].gather(1, gather)[:, None],
+                                                 log_n, self.vmean.gather(1, gather)[:, None],
+                                                 SCALE),
+            "combine": lambda: merge_parts(self.parts, 0, self.parts[1].shape[1]),
+        }
 
 
-K = import_kernels()
+def merge_parts(parts: tuple[torch.Tensor, torch.Tensor], lo: int,
+                hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference merge of the partial states ``lo:hi`` of every query row, in their
+    dtype: ``out [rows, D]``, ``lse [rows]``."""
+    out, lse = torch.zeros_like(parts[0][:, 0]), torch.full_like(parts[1][:, 0], float("-inf"))
+    for p in range(lo, hi):
+        out, lse = merge(out, lse, parts[0][:, p], parts[1][:, p])
+    return out, lse
 
 
-# -- workloads --------------------------------------------------------------------------------
-def make_inputs(batch: int, tokens: int, gen: torch.Generator) -> dict[str, torch.Tensor | int]:
-    """Random inputs of one decode step (never zeros), on the GPU, bf16."""
-    dev = "cuda"
-    clusters = tokens // TOKENS_PER_CLUSTER
-    retrieved = math.ceil(RETRIEVAL * clusters)
-    estimated = math.ceil(ESTIMATION * clusters)
-    rows = STEADY + retrieved * TOKENS_PER_CLUSTER
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=dev, dtype=torch.bfloat16, generator=gen)
-
-    order = torch.argsort(torch.rand(batch, HKV, clusters, device=dev, generator=gen), dim=-1)
-    return {
-        "q": randn(batch, HQ, D),
-        "centroids": randn(batch, HKV, clusters, D),
-        "sizes": torch.full((batch, HKV, clusters), TOKENS_PER_CLUSTER, device=dev),
-        "value_sums": randn(batch, HKV, clusters, D) * TOKENS_PER_CLUSTER,
-        "logits": 2 * torch.randn(batch, HQ, clusters, device=dev, generator=gen),
-        "est_ids": order[..., retrieved : retrieved + estimated].contiguous(),
-        "k_buf": randn(batch, HKV, rows, D),
-        "v_buf": randn(batch, HKV, rows, D),
-        "lengths": torch.full((batch, HKV), rows, device=dev),
-        "starts": order[..., :retrieved].contiguous() * TOKENS_PER_CLUSTER,
-        "counts": torch.full((batch, HKV, retrieved), TOKENS_PER_CLUSTER, device=dev),
-        "k": math.ceil((RETRIEVAL + ESTIMATION) * clusters),
-    }
-
-
-def make_store(batch: int, tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Cluster-contiguous keys and values ``[B, Hkv, tokens, D]`` for in-place reads."""
-    shape = (batch, HKV, tokens, D)
-    return tuple(
-        torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)
-    )
-
-
-def kernel_calls(x: dict, store: tuple | None, backend: str) -> dict[str, Callable[[], object]]:
-    """One zero-argument call per kernel, for ``backend``."""
-    scale = D**-0.5
-    calls = {
-        "score_centroids": lambda: K.score_centroids(
-            x["q"], x["centroids"], x["sizes"], scale, x["k"], backend=backend
-        ),
-        "estimate_zone": lambda: K.estimate_zone(
-            x["logits"], x["sizes"], x["value_sums"], x["est_ids"], backend=backend
-        ),
-        "sparse_decode_attention": lambda: K.sparse_decode_attention(
-            x["q"], x["k_buf"], x["v_buf"], x["lengths"], scale, backend=backend
-        ),
-    }
-    if store is not None:
-        calls["sparse_attention_by_clusters"] = lambda: K.sparse_attention_by_clusters(
-            x["q"], store[0], store[1], x["starts"], x["counts"], scale, backend=backend
-        )
-    return calls
-
-
-def ideal_bytes(kernel: str, x: dict) -> int:
-    """Bytes a kernel must move at least (reads of its data plus its outputs)."""
-    batch, clusters = x["sizes"].shape[0], x["sizes"].shape[2]
-    if kernel == "score_centroids":
-        return x["centroids"].nbytes + x["sizes"].nbytes + batch * HQ * clusters * 4
-    if kernel == "estimate_zone":
-        est = x["est_ids"].shape[-1]
-        return batch * HKV * est * (D * 2 + 8 + 8) + batch * HQ * est * 4
-    if kernel == "sparse_decode_attention":
-        return x["k_buf"].nbytes + x["v_buf"].nbytes
-    return 2 * batch * HKV * x["starts"].shape[-1] * TOKENS_PER_CLUSTER * D * 2
-
-
-# -- correctness ------------------------------------------------------------------------------
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error in float64 (``inf`` if ``x`` holds NaN)."""
     if torch.isnan(x).any():
         return math.inf
-    return float((x.double() - ref).norm() / ref.norm())
-
-
-def ref_attention(q, keys, values, valid, scale):
-    """Float64 ``(out, lse)`` of ``q [B, Hq, D]`` over rows of ``[B, Hkv, T, D]`` where valid."""
-    group = q.shape[1] // keys.shape[1]
-    k = keys.double().repeat_interleave(group, 1)
-    v = values.double().repeat_interleave(group, 1)
-    s = torch.einsum("bhd,bhtd->bht", q.double(), k) * scale
-    s = s.masked_fill(~valid.repeat_interleave(group, 1), float("-inf"))
-    return torch.einsum("bht,bhtd->bhd", torch.softmax(s, -1), v), torch.logsumexp(s, -1)
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
 def check_all(gen: torch.Generator) -> dict[str, float]:
-    """Relative L2 errors of every Triton kernel against float64 on a small Llama-shaped step."""
-    x = make_inputs(2, 32768, gen)
-    keys, values = make_store(2, 32768, gen)
-    scale, group = D**-0.5, HQ // HKV
-    errors = {}
-    logits, top_ids = K.score_centroids(x["q"], x["centroids"], x["sizes"], scale, x["k"])
-    cents = x["centroids"].double().repeat_interleave(group, 1)
-    ref_logits = torch.einsum("bhd,bhcd->bhc", x["q"].double(), cents) * scale
-    errors["score_centroids.logits"] = rel_l2(logits, ref_logits)
-    score = torch.softmax(ref_logits, -1).view(2, HKV, group, -1).sum(2)
-    best = score.topk(x["k"], -1).values.sum(-1)
-    errors["score_centroids.selection"] = float(
-        (1 - score.gather(-1, top_ids).sum(-1) / best).abs().max()
-    )
-    out, lse = K.estimate_zone(x["logits"], x["sizes"], x["value_sums"], x["est_ids"])
-    ids = x["est_ids"].repeat_interleave(group, 1)
-    w = x["logits"].double().gather(-1, ids) + math.log(TOKENS_PER_CLUSTER)
-    vs = x["value_sums"].double().gather(2, x["est_ids"][..., None].expand(-1, -1, -1, D))
-    ref = torch.einsum("bhe,bhed->bhd", torch.softmax(w, -1), vs.repeat_interleave(group, 1))
-    errors["estimate_zone.out"] = rel_l2(out, ref / TOKENS_PER_CLUSTER)
-    errors["estimate_zone.lse"] = rel_l2(lse, torch.logsumexp(w, -1))
-    rows = torch.arange(x["k_buf"].shape[2], device="cuda")
-    lengths = torch.randint(0, rows.numel() + 1, (2, HKV), device="cuda", generator=gen)
-    out, lse = K.sparse_decode_attention(x["q"], x["k_buf"], x["v_buf"], lengths, scale)
-    ref_out, ref_lse = ref_attention(
-        x["q"], x["k_buf"], x["v_buf"], rows < lengths[..., None], scale
-    )
-    live = torch.isfinite(ref_lse)
-    errors["sparse_decode_attention.out"] = rel_l2(out[live], ref_out[live])
-    errors["sparse_decode_attention.lse"] = rel_l2(lse[live], ref_lse[live])
-    out, lse = K.sparse_attention_by_clusters(x["q"], keys, values, x["starts"], x["counts"], scale)
-    valid = torch.zeros(2, HKV, keys.shape[2], dtype=torch.bool, device="cuda")
-    valid.scatter_(2, (x["starts"][..., None] + torch.arange(16, device="cuda")).flatten(2), True)
-    ref_out, ref_lse = ref_attention(x["q"], keys, values, valid, scale)
-    errors["sparse_attention_by_clusters.out"] = rel_l2(out, ref_out)
-    errors["sparse_attention_by_clusters.lse"] = rel_l2(lse, ref_lse)
+    """Relative L2 errors of the kernels against float64 on a small Llama-shaped step."""
+    s = Step(2, 32768, gen)
+    for call in s.triton_calls().values():
+        call()
+    q64 = s.grouped(torch.float64)
+    dq = dequantize(s.codes, s.code_scales).double()[None]
+    rank = bound_logits(q64[None, :, 0], dq, s.radii.double()[None], SCALE, RADIUS_WEIGHT)
+    errors = {"centroid_logits.rank": rel_l2(s.logits.rank, rank.reshape(s.rows * G, -1))}
+    score = group_softmax_rank(rank, s.sizes[None])[0]
+    chosen = score.gather(1, s.zones.ids.long()).sum(1)
+    best = score.topk(int(s.k1[0]), dim=1).values.sum(1)
+    errors["select_ranked.retrieved_score"] = float((1 - chosen / best).abs().max())
+    rows = [("attend_retrieved", attend(q64, s.keys.double()[:, None], s.values.double()[:, None],
+                                        s.retrieved_mask(), SCALE), 0, s.n_ret)]
+    rows.append(("attend_steady", attend(q64, s.steady_k.double().flatten(0, 1)[:, None],
+                                         s.steady_v.double().flatten(0, 1)[:, None],
+                                         torch.ones(s.rows, 1, STEADY, dtype=torch.bool,
+                                                    device=DEVICE), SCALE),
+                 s.n_ret, s.n_ret + s.n_std))
+    est = s.zones.est_ids.long()
+    gather = est[..., None].expand(-1, -1, D)
+    rows.append(("attend_estimated", estimate(q64, dq[0].gather(1, gather)[:, None],
+                                              s.sizes.gather(1, est).double().log()[:, None],
+                                              s.vmean.double().gather(1, gather)[:, None], SCALE),
+                 s.n_ret + s.n_std, s.parts[1].shape[1]))
+    total = None
+    parts64 = (s.parts[0].double(), s.parts[1].double())
+    for name, (ref_out, ref_lse), lo, hi in rows:
+        out, lse = merge_parts(parts64, lo, hi)
+        errors[f"{name}.out"] = rel_l2(out, ref_out.reshape(out.shape))
+        errors[f"{name}.lse"] = rel_l2(lse, ref_lse.reshape(lse.shape))
+        total = (out, lse) if total is None else merge(*total, out, lse)
+    assert total is not None
+    errors["combine.out"] = rel_l2(s.out, total[0])
+    errors["combine.lse"] = rel_l2(s.lse, total[1])
     return errors
 
 
-# -- timing -----------------------------------------------------------------------------------
-def time_call(calls: list[Callable[[], object]], graph: bool) -> float:
-    """Median ms of a call: CUDA-graph replay rotating over ``calls`` (same work, different
-    inputs, so L2 does not hold them), or eager ``do_bench`` (which flushes L2 itself)."""
-    if not graph:
-        return float(triton.testing.do_bench(calls[0], return_mode="median"))
-    turn = iter(range(10**12))
-
-    def rotated() -> object:
-        return calls[next(turn) % len(calls)]()
-
-    return float(triton.testing.do_bench_cudagraph(rotated, return_mode="median"))
-
-
-def bench(batches: list[int], contexts: list[int], rounds: int, max_gib: float) -> list[dict]:
-    """Time every kernel on both backends for each context and batch; print table rows."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def bench(batches: list[int], contexts: list[int], rounds: int,
+          max_gib: float) -> list[dict]:
+    """Time every kernel beside its torch reference per context and batch; print table rows
+    (skipping steps whose K+V rows exceed ``max_gib``)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     results = []
     for tokens in contexts:
         for batch in batches:
-            store_bytes = 2 * batch * HKV * tokens * D * 2
-            fits = store_bytes <= max_gib * 2**30
-            x = make_inputs(batch, tokens, gen)
-            copies = {
-                k: min(MAX_COPIES, math.ceil(3 * L2_BYTES / ideal_bytes(k, x))) for k in KERNELS
-            }
-            extra = [make_inputs(batch, tokens, gen) for _ in range(max(copies.values()) - 1)]
-            inputs = [x, *extra]
-            store = make_store(batch, tokens, gen) if fits else None
-            for kernel in kernel_calls(x, store, "torch"):
-                # The torch by-cluster fallback reads lengths.max() on the host: not capturable.
-                graph = {"triton": True, "torch": kernel != "sparse_attention_by_clusters"}
+            kv_bytes = 2 * batch * HKV * tokens * D * 2
+            if kv_bytes > max_gib * 2**30:
+                print(f"| all | {batch} | {tokens // 1024}K | skipped: K+V of "
+                      f"{kv_bytes / 2**30:.0f} GiB > --max-gib | | |")
+                continue
+            step = Step(batch, tokens, gen)
+            calls = {"triton": step.triton_calls(), "torch": step.torch_calls()}
+            for kernel in KERNELS:
                 times: dict[str, list[float]] = {"triton": [], "torch": []}
                 for _ in range(rounds):
-                    for backend in ("triton", "torch"):
-                        calls = [
-                            kernel_calls(inputs[i], store, backend)[kernel]
-                            for i in range(copies[kernel])
-                        ]
-                        times[backend].append(time_call(calls, graph[backend]))
+                    for side in ("triton", "torch"):
+                        times[side].append(float(triton.testing.do_bench_cudagraph(
+                            calls[side][kernel], return_mode="median")))
                 tri, ref = statistics.median(times["triton"]), statistics.median(times["torch"])
-                nbytes = ideal_bytes(kernel, x)
-                mode = {b: "graph" if graph[b] else "eager" for b in graph}
-                results.append({
-                    "kernel": kernel, "batch": batch, "tokens": tokens,
-                    "clusters": tokens // TOKENS_PER_CLUSTER, "triton_ms": tri, "torch_ms": ref,
-                    "triton_mode": mode["triton"], "torch_mode": mode["torch"],
-                    "input_copies": copies[kernel], "speedup": ref / tri, "bytes": nbytes,
-                    "triton_tb_per_s": nbytes / tri / 1e9,
-                })  # fmt: skip
-                print(
-                    f"| {kernel} | {batch} | {tokens // 1024}K "
-                    f"| {tri * 1e3:.1f} ({mode['triton']}) | {ref * 1e3:.1f} ({mode['torch']}) "
-                    f"| {ref / tri:.2f}x | {nbytes / tri / 1e9:.2f} |",
-                    flush=True,
-                )
-            if not fits:
-                print(
-                    f"| sparse_attention_by_clusters | {batch} | {tokens // 1024}K | skipped: "
-                    f"store of {store_bytes / 2**30:.0f} GiB > --max-gib | | | |"
-                )
-            del inputs, extra, x, store
+                results.append({"kernel": kernel, "batch": batch, "tokens": tokens,
+                                "clusters": step.clusters, "triton_ms": tri, "torch_ms": ref,
+                                "speedup": ref / tri})
+                print(f"| {kernel} | {batch} | {tokens // 1024}K | {tri * 1e3:.1f} "
+                      f"| {ref * 1e3:.1f} | {ref / tri:.2f}x |", flush=True)
+            del step, calls
             torch.cuda.empty_cache()
     return results
 
@@ -261,24 +247,20 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[131072, 1048576])
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per backend")
-    parser.add_argument(
-        "--max-gib",
-        type=float,
-        default=40.0,
-        help="largest cluster-contiguous K+V store to allocate for in-place reads",
-    )
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per side")
+    parser.add_argument("--max-gib", type=float, default=40.0,
+                        help="largest K+V (bf16, in place) to allocate for a step")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA device", file=sys.stderr)
         return 2
-    errors = check_all(torch.Generator(device="cuda").manual_seed(1))
+    errors = check_all(torch.Generator(device=DEVICE).manual_seed(1))
     print("## correctness (relative L2 error vs float64, bf16 inputs)")
     for name, err in errors.items():
         print(f"- {name}: {err:.2e} {'ok' if err < TOLERANCE else 'FAIL'}")
-    print("\n## timing (µs, median; speedup = torch / triton; TB/s = ideal bytes / triton time)")
-    print("| kernel | B | context | triton µs | torch µs | speedup | TB/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n## timing (µs, median of CUDA-graph replays; speedup = torch / triton)")
+    print("| kernel | B | context | triton µs | torch µs | speedup |")
+    print("|---|---|---|---|---|---|")
     results = bench(args.batches, args.contexts, args.rounds, args.max_gib)
     passed = all(err < TOLERANCE for err in errors.values())
     if args.out:
@@ -290,13 +272,13 @@ def main() -> int:
             "versions": {"torch": torch.__version__, "triton": triton.__version__,
                          "cuda": torch.version.cuda},
             "settings": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bfloat16",
-                         "tokens_per_cluster": TOKENS_PER_CLUSTER, "retrieval": RETRIEVAL,
-                         "estimation": ESTIMATION, "steady": STEADY, "rounds": args.rounds,
-                         "batches": args.batches, "contexts": args.contexts,
-                         "max_gib": args.max_gib, "l2_bytes": L2_BYTES},
+                         "centroids": "int8", "tokens_per_cluster": TOKENS_PER_CLUSTER,
+                         "retrieval": RETRIEVAL, "estimation": ESTIMATION, "steady": STEADY,
+                         "rounds": args.rounds, "batches": args.batches,
+                         "contexts": args.contexts, "max_gib": args.max_gib},
             "correctness": {"rel_l2": errors, "tolerance": TOLERANCE, "passed": passed},
             "results": results,
-        }, indent=2))  # fmt: skip
+        }, indent=2))
         print(f"\nwrote {args.out}")
     return 0 if passed else 1
 

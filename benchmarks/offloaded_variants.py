@@ -10,7 +10,7 @@ the miss bytes per step and microseconds per miss megabyte.
 
     python benchmarks/offloaded_variants.py --size 1x1048576 \\
         --variant base \\
-        --variant merge16 vecstore.executor.wave_kernels._COMBINE_BLOCK=16
+        --variant merge16 vecstore.kernels.merge_parts._COMBINE_BLOCK=16
 
 Writes ``offloaded_variants.{json,md}`` under ``--out`` (default ``benchmarks/results``).
 """

@@ -10,7 +10,7 @@ timed interleaved with SDPA full attention as device time (`benchmarks.common.Ti
 
     python benchmarks/variants.py --sizes 8x131072 4x1048576 \\
         --variant base \\
-        --variant kept4 vecstore.executor.wave_radix._KEPT=4 \\
+        --variant kept4 vecstore.kernels.radix_select._KEPT=4 \\
         --variant bf16 executor.score_dtype="'bfloat16'"
 
 Writes ``variants.{json,md}`` under ``--out`` (default ``benchmarks/results``).

@@ -1,7 +1,7 @@
 """Compile the Triton kernels a CPU test launched for a GPU target, without a GPU.
 
 :func:`recorded_launches` records, while the kernels run in Triton's interpreter, every
-distinct launch of a :class:`~vecstore.kernels._backend.LazyKernel`: the kernel, its argument
+distinct launch of a :class:`~vecstore.kernels.backend.LazyKernel`: the kernel, its argument
 types and its compile-time constants. :func:`compile_failures` hands them to a subprocess
 without the interpreter (Triton decides at import whether it compiles), which compiles each
 to a cubin for the target with Triton's own ptxas, and returns what failed. Run as
@@ -78,7 +78,7 @@ def _describe(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launch:
 @contextlib.contextmanager
 def recorded_launches() -> Iterator[list[Launch]]:
     """Record every distinct LazyKernel launch made in the block (the kernels still run)."""
-    from vecstore.kernels._backend import LazyKernel
+    from vecstore.kernels.backend import LazyKernel
 
     launches: dict[tuple[str, str, str, str], Launch] = {}
     original = LazyKernel.__getitem__

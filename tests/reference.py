@@ -30,3 +30,14 @@ def clustered_keys(num_heads: int, num_tokens: int, dim: int, num_centers: int,
     pick = torch.randint(0, num_centers, (num_heads, num_tokens), generator=gen)
     noise = spread * torch.randn(num_heads, num_tokens, dim, generator=gen)
     return torch.gather(centers, 1, pick[..., None].expand(-1, -1, dim)) + noise
+
+
+def planted_clusters(num_problems: int, num_points: int, k: int,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit-norm points ``[P, n, 16]`` in ``k`` tight groups of contiguous positions (as real
+    keys near in position are), and each point's group ``[P, n]``."""
+    gen = torch.Generator().manual_seed(seed)
+    dirs = torch.nn.functional.normalize(torch.randn(num_problems, k, 16, generator=gen), dim=-1)
+    pick = torch.arange(num_points) * k // num_points
+    x = dirs[:, pick] + 0.02 * torch.randn(num_problems, num_points, 16, generator=gen)
+    return torch.nn.functional.normalize(x, dim=-1), pick.expand(num_problems, -1)

@@ -6,26 +6,26 @@ import pytest
 import torch
 
 from benchmarks.variants import applied, parse_setting, parse_size
-from vecstore.executor import wave_radix
+from vecstore.kernels import radix_select
 
 
 def test_settings_are_applied_for_the_block_and_restored_after():
-    before = wave_radix._KEPT
-    settings = [parse_setting("vecstore.executor.wave_radix._KEPT=4")]
-    assert settings == [(wave_radix, "_KEPT", 4)]
+    before = radix_select._KEPT
+    settings = [parse_setting("vecstore.kernels.radix_select._KEPT=4")]
+    assert settings == [(radix_select, "_KEPT", 4)]
     with applied(settings):
-        assert wave_radix._KEPT == 4
-    assert wave_radix._KEPT == before
+        assert radix_select._KEPT == 4
+    assert radix_select._KEPT == before
     with pytest.raises(RuntimeError), applied(settings):
         raise RuntimeError("a variant failed to build")
-    assert wave_radix._KEPT == before
+    assert radix_select._KEPT == before
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    ("wave_radix._KEPT", "expected module.ATTR=value"),
+    ("radix_select._KEPT", "expected module.ATTR=value"),
     ("_KEPT=4", "expected module.ATTR=value"),
-    ("vecstore.executor.wave_radix._NOPE=4", "has no attribute '_NOPE'"),
-    ("vecstore.executor.wave_radix._KEPT=four", "is not a Python literal"),
+    ("vecstore.kernels.radix_select._NOPE=4", "has no attribute '_NOPE'"),
+    ("vecstore.kernels.radix_select._KEPT=four", "is not a Python literal"),
 ])
 def test_bad_settings_are_refused(text, match):
     with pytest.raises(ValueError, match=match):

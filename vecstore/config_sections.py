@@ -189,14 +189,14 @@ class KVStoreConfig:
     Attributes
     ----------
     kind : str
-        ``memory`` (each layer's indexed rows on its device) or ``pinned`` (in pinned
-        host memory, fetched through the block cache). Index metadata and the steady
-        zone stay on the layer's device either way.
+        A tier registered in :data:`vecstore.kvstore.KVSTORES` (checked when a store
+        opens): ``memory`` (each layer's indexed rows on its device) or ``pinned`` (in
+        pinned host memory, fetched through the block cache). Index metadata and the
+        steady zone stay on the layer's device either way.
     pinned_budget_gb : float
-        Upper bound on pinned host memory for the rows of kind ``pinned``; 0 means
-        unbounded.
+        Upper bound on the memory of an offload tier (``pinned``); 0 means unbounded.
     gpu_budget_gb : float
-        Upper bound, per device, on the memory of rows of kind ``memory``, the index
+        Upper bound, per device, on the memory of a resident tier (``memory``), the index
         metadata, and the wave buffers' block caches and execution buffers; 0 means
         unbounded.
     """
@@ -207,8 +207,6 @@ class KVStoreConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "kvstore")
-        require(self.kind in ("memory", "pinned"), "kvstore.kind",
-               f"must be 'memory' or 'pinned', got {self.kind!r}")
         require(self.pinned_budget_gb >= 0, "kvstore.pinned_budget_gb", "must be >= 0")
         require(self.gpu_budget_gb >= 0, "kvstore.gpu_budget_gb", "must be >= 0")
 

@@ -24,6 +24,7 @@ from vecstore.errors import InvalidValueError
 from vecstore.executor.base import Steady
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.executor.wave_state import PreparedView, step_stats
+from vecstore.kernels.backend import resolve_backend
 from vecstore.layer_state import LayerState
 from vecstore.sequence import Sequence
 from vecstore.shared_tail import extend
@@ -81,7 +82,7 @@ class BatchDecoder:
         col = self.sinks + tail_tokens
         self.col = torch.full((1,), col, dtype=torch.long, device=dev)
         self.lengths = torch.full((B,), col + 1, dtype=torch.long, device=dev)
-        self.finite = torch.ones(len(layers), dtype=torch.bool, device=dev)
+        self.finite = torch.ones(len(layers), dtype=torch.int32, device=dev)  # 0: a NaN/Inf
         self.bad_col = torch.full((1,), _NONE, dtype=torch.long, device=dev)
         self.stats = torch.zeros(len(layers), 5, dtype=torch.float64, device=dev)
         self.steps = 0  # steps advanced
@@ -91,6 +92,12 @@ class BatchDecoder:
                                     pin_memory=dev.type == "cuda")
         self._bad_ready = torch.cuda.Event() if dev.type == "cuda" else None
         self._expect = [self._heads(step) for step in layers]
+        # on CUDA one Triton launch per layer does the stats and the NaN/Inf check
+        self._fused = None
+        if resolve_backend("auto", dev) == "triton":
+            from vecstore.kernels.step_stats import accumulate_step  # imports Triton
+
+            self._fused = accumulate_step
 
     # -- host side -----------------------------------------------------------------------
     @property
@@ -174,7 +181,7 @@ class BatchDecoder:
                 extend(step.tail, step.states, tail_tokens)
             self.col.fill_(col)
             self.lengths.fill_(col + 1)
-            self.finite.fill_(True)
+            self.finite.fill_(1)
             self.bad_col.fill_(_NONE)
             self._bad_host.fill_(_NONE)
         self._expect = [self._heads(step) for step in self.layers]
@@ -196,13 +203,19 @@ class BatchDecoder:
         with writing(self.col):
             tail.keys.index_copy_(2, self.col, k)
             tail.values.index_copy_(2, self.col, v)
-            self.finite[layer] = torch.isfinite(torch.cat([q.flatten(), k.flatten(),
-                                                           v.flatten()])).all()
             res = self.executor.decode(step.prep, Steady(tail.keys, tail.values,
                                                          self.lengths), q[:, :, 0], scale)
-            # step_stats counts tokens per KV head
-            self.stats[layer].add_(step_stats(res, self.lengths, step.prep.tokens_total,
-                                              tail.keys.shape[1]))
+            H = tail.keys.shape[1]  # step_stats counts tokens per KV head
+            if self._fused is not None:
+                z = res.zones
+                self._fused(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts,
+                            res.lse, self.lengths, step.prep.tokens_total, H,
+                            self.stats[layer], (q, k, v), self.finite[layer])
+            else:
+                self.finite[layer] = torch.isfinite(torch.cat([q.flatten(), k.flatten(),
+                                                               v.flatten()])).all()
+                self.stats[layer].add_(step_stats(res, self.lengths, step.prep.tokens_total,
+                                                  H))
         return res.out[:, :, None]
 
     def end(self) -> None:
@@ -211,5 +224,6 @@ class BatchDecoder:
         with writing(self.col):
             bad = torch.where(self.finite.all(), _NONE, self.col)
             torch.minimum(self.bad_col, bad, out=self.bad_col)
+            self.finite.fill_(1)
             self.col += 1
             self.lengths += 1

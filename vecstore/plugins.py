@@ -9,14 +9,15 @@ from vecstore.config import StoreConfig
 from vecstore.executor import EXECUTORS
 from vecstore.executor.base import resolve_kind
 from vecstore.index import INDEXES
+from vecstore.kvstore import KVSTORES
 
 __all__ = ["check_plugins"]
 
 
 def check_plugins(config: StoreConfig) -> None:
     """Raise :class:`~vecstore.errors.ConfigError` (naming the known names and the
-    closest) if ``config`` names an index, clusterer, executor or cache policy that is
-    not registered.
+    closest) if ``config`` names an index, clusterer, executor, kvstore tier or cache
+    policy that is not registered.
 
     Examples
     --------
@@ -31,4 +32,5 @@ def check_plugins(config: StoreConfig) -> None:
     INDEXES.get(config.index.kind)
     CLUSTERERS.get(config.cluster.kind)
     EXECUTORS.get(resolve_kind(config.executor.kind, config.executor.device))
+    KVSTORES.get(config.kvstore.kind)
     POLICIES.get(config.cache.policy)

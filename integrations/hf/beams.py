@@ -22,15 +22,13 @@ import torch
 
 from attention import DecodeStats
 from attention.decode import ingest, query_store
-from attention.gqa import repeat_kv
 from vecstore import Sequence, Store
 from vecstore.errors import IncompatibleError
-from vecstore.executor.merge import merge
+from vecstore.kernels.reference import attend, merge
+from vecstore.slicing import query_slices
 from vecstore.types import QueryStats
 
 __all__ = ["Branches", "tail_attention", "crop_error"]
-
-_SCORE_BUDGET = 1 << 26  # float32 scores held at once (256 MiB)
 
 
 def crop_error(n: int, held: int) -> IncompatibleError:
@@ -68,23 +66,19 @@ def tail_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     >>> torch.allclose(out, ref, atol=1e-6)
     True
     """
-    R, Hq, L, _ = q.shape
-    T = k.shape[2]
-    groups = Hq // k.shape[1]
-    kf, vf = repeat_kv(k.float(), groups), repeat_kv(v.float(), groups)
+    R, Hq, L, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
     pos = torch.arange(T, device=q.device)
-    mask = (pos[None, :] <= pos[T - L:, None])[None, None]  # [1, 1, L, T]
+    mask = (pos[None, :] <= pos[T - L:, None])[None, None, None]  # [1, 1, 1, L, T]
     if valid is not None:
-        mask = mask & valid[:, None, None, :]
-    chunk = max(1, _SCORE_BUDGET // max(1, R * Hq * T))
+        mask = mask & valid[:, None, None, None, :]
+    qg = q.reshape(R, Hkv, Hq // Hkv, L, D)
     outs, lses = [], []
-    for i in range(0, L, chunk):
-        logits = torch.matmul(q[:, :, i:i + chunk].float(), kf.transpose(2, 3)).mul_(scale)
-        logits.masked_fill_(~mask[:, :, i:i + chunk], float("-inf"))
-        lse = torch.logsumexp(logits, dim=-1)
-        outs.append(torch.matmul(logits.sub_(lse[..., None]).exp_().nan_to_num_(0.0), vf))
+    for part in query_slices(L, T, rows=R * Hq):  # bounded [.., l, T] scores at a time
+        out, lse = attend(qg[:, :, :, part], k, v, mask[:, :, :, part], scale)
+        outs.append(out)
         lses.append(lse)
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    return torch.cat(outs, dim=3).reshape(R, Hq, L, D), torch.cat(lses, dim=3).reshape(R, Hq, L)
 
 
 class Branches:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from vecstore.executor.base import Steady
-from vecstore.executor.wave_state import DecodeResult, PreparedView, Zones
+from vecstore.executor.wave_state import DecodeResult, PreparedView
+from vecstore.kernels.zones import Zones
 
 
 def exact_decode(self: object, prep: PreparedView, steady: Steady, q: torch.Tensor,

@@ -30,15 +30,21 @@ def test_captured_forward_equals_ordinary_steps_across_flushes():
     ids, mask = left_padded([500, 700, 313, 600], seed=3)
     ids, mask = ids.cuda(), mask.cuda()
     new = 150  # two flushes of the tails
-    runs = {}
+    runs, stats = {}, {}
     for graphs in (False, True):
         with WaveCache(CFG, model, cuda_graphs=graphs) as cache:
             runs[graphs] = generate(model, ids, cache, attention_mask=mask,
                                     max_new_tokens=new, do_sample=False, eos_token_id=None)
-            assert cache.decode_stats.queries == (new - 1) * 3
+            stats[graphs] = cache.decode_stats
+            assert stats[graphs].queries == (new - 1) * 3
             if graphs:
                 assert cache.graph.captures >= 3 and cache.graph.static_steps >= new - 10
     assert torch.equal(runs[True], runs[False])
+    # the captured steps count in one fused kernel a layer what ordinary steps count in torch
+    counts = ("queries", "tokens_total", "tokens_exact")
+    assert [getattr(stats[True], f) for f in counts] == [getattr(stats[False], f) for f in counts]
+    assert stats[False].estimated_mass > 0
+    assert stats[True].estimated_mass == pytest.approx(stats[False].estimated_mass, rel=1e-4)
 
 
 def test_replayed_step_does_not_synchronise():

@@ -16,7 +16,8 @@ from integrations.hf.cache import cache_kwarg
 from tests.integrations.hf_models import SMALL, tiny_model
 from tests.syncs import HostSyncs
 from vecstore.executor.wave_exec import WaveExecutor
-from vecstore.executor.wave_state import DecodeResult, Zones
+from vecstore.executor.wave_state import DecodeResult
+from vecstore.kernels.zones import Zones
 
 WAVE = {**SMALL, "executor": {"kind": "wave", "device": "cpu"}}
 

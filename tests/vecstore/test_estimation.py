@@ -9,15 +9,18 @@ from hypothesis import strategies as st
 from tests.reference import exact_attention, rel_err
 from vecstore import Store
 from vecstore.config import StoreConfig
-from vecstore.executor.merge import merge
 from vecstore.executor.torch_ref import estimate_units
-from vecstore.index.base import IndexView
+from vecstore.index.base import IndexView, UnitSummary
 from vecstore.index.wave import WaveIndex
+from vecstore.kernels.reference import merge
 
 
-def _wave_view(keys: torch.Tensor, values: torch.Tensor, tpc: int) -> IndexView:
+def _wave_view(keys: torch.Tensor, values: torch.Tensor,
+               tpc: int) -> tuple[IndexView, UnitSummary]:
     cfg = StoreConfig.from_dict({"index": {"tokens_per_cluster": tpc, "segment_tokens": 4096}})
-    return IndexView.from_segments(WaveIndex(cfg).build(keys, values, 0))
+    index = WaveIndex(cfg)
+    view = IndexView.from_segments(index.build(keys, values, 0))
+    return view, index.summarize(view)
 
 
 @given(heads=st.integers(1, 3), distinct=st.integers(1, 12), repeat=st.integers(1, 6),
@@ -28,10 +31,10 @@ def test_clusters_of_identical_keys_make_the_estimate_exact(heads, distinct, rep
     keys = base.repeat_interleave(repeat, dim=1)
     values = torch.randn(heads, distinct * repeat, 8, generator=gen)
     q = torch.randn(heads * group, 1, 8, generator=gen)
-    view = _wave_view(keys, values, repeat)
+    view, summary = _wave_view(keys, values, repeat)
     every = torch.arange(view.sizes.shape[-1])[None, None].expand(1, heads, -1)
     ids = every.masked_fill(view.sizes == 0, -1)
-    out, lse = estimate_units(view, ids, q.reshape(1, heads, group, 1, 8), 8 ** -0.5)
+    out, lse = estimate_units(view, summary, ids, q.reshape(1, heads, group, 1, 8), 8 ** -0.5)
     ref_out, ref_lse = exact_attention(q, keys, values)
     assert rel_err(out.reshape(heads * group, 1, 8), ref_out) < 1e-4
     assert torch.allclose(lse.reshape(heads * group, 1).double(), ref_lse, atol=1e-4)
@@ -45,10 +48,10 @@ def test_estimated_denominator_never_exceeds_the_true_one(tokens, tpc, scale, se
     keys = torch.randn(2, tokens, 8, generator=gen)
     values = torch.randn(2, tokens, 8, generator=gen)
     q = torch.randn(2, 1, 8, generator=gen)
-    view = _wave_view(keys, values, tpc)
+    view, summary = _wave_view(keys, values, tpc)
     ids = torch.arange(view.sizes.shape[-1])[None, None].expand(1, 2, -1)
     ids = ids.masked_fill(view.sizes == 0, -1)
-    _, lse_est = estimate_units(view, ids, q.reshape(1, 2, 1, 1, 8), scale)
+    _, lse_est = estimate_units(view, summary, ids, q.reshape(1, 2, 1, 1, 8), scale)
     _, lse_true = exact_attention(q, keys, values, scale)
     assert (lse_est.reshape(2, 1).double() <= lse_true + 1e-4).all()
     # per cluster as well
@@ -57,7 +60,7 @@ def test_estimated_denominator_never_exceeds_the_true_one(tokens, tpc, scale, se
         for j in torch.nonzero(sizes[h]).flatten().tolist():
             a, b = int(view.offsets[0, h, j]), int(view.offsets[0, h, j + 1])
             true = torch.logsumexp(scale * view.keys[0, h, a:b].double() @ q[h, 0].double(), 0)
-            est = scale * view.meta["centroids"][0, h, j].double() @ q[h, 0].double()
+            est = scale * summary.centroids[0, h, j].double() @ q[h, 0].double()
             assert est + sizes[h, j].log() <= true + 1e-4
 
 

@@ -1,4 +1,5 @@
-"""Each index returns what its definition says on cases checkable by hand."""
+"""Each index returns what its definition says on cases checkable by hand; the contract
+every index keeps is in ``tests/contracts/test_index_contract.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from vecstore import Store
 from vecstore.config import StoreConfig
 from vecstore.errors import ConfigError
-from vecstore.index import INDEXES, Index, IndexView
+from vecstore.index import INDEXES, IndexView
 from vecstore.index.wave import bound_logits
 
 PAGE4 = {"index": {"page_tokens": 4, "tokens_per_cluster": 4},
@@ -21,21 +22,6 @@ def _store(kind: str, **attention: float) -> Store:
     cfg = {"index": {**PAGE4["index"], "kind": kind},
            "attention": {**PAGE4["attention"], **attention}}
     return Store.open(config=cfg)
-
-
-@pytest.mark.parametrize("kind", INDEXES.names())
-def test_every_index_satisfies_the_protocol(kind):
-    idx = INDEXES.get(kind)(StoreConfig())
-    assert isinstance(idx, Index)
-    (seg, *_) = idx.build(torch.randn(2, 50, 8), torch.randn(2, 50, 8), 7)
-    assert seg.start == 7 and seg.keys.shape == (2, seg.num_tokens, 8)
-    assert (seg.offsets[:, -1] == seg.num_tokens).all()
-    # rows are a permutation of the input tokens within each head
-    keys = torch.randn(2, 50, 8)
-    segs = idx.build(keys, keys.clone(), 0)
-    rows = torch.cat([s.keys for s in segs], dim=1)
-    for h in range(2):
-        assert torch.equal(rows[h].sort(0).values, keys[h].sort(0).values)
 
 
 def test_quest_picks_the_page_with_the_largest_upper_bound():

@@ -29,10 +29,8 @@ class _Recording(TorchExecutor):
 
 
 @pytest.fixture(autouse=True)
-def _registered():
-    EXECUTORS.register("test_retiring")(_Recording)
-    yield
-    EXECUTORS.unregister("test_retiring")
+def _recording(register):
+    register(EXECUTORS, "test_retiring", _Recording)
 
 
 def _kv(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

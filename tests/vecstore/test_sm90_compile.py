@@ -3,10 +3,10 @@
 The interpreter runs a kernel's Python, not the compiler: a kernel the compiler rejects (a
 global that is not a ``tl.constexpr``, say) passes every interpreter test and fails on the
 first GPU run. Here the wave executor's decode step (resident, pipelined, offloaded, both
-radix paths; int8, bfloat16 and float32 centroids) and the public kernels run in the
-interpreter at the Llama head size with every launch recorded, then each recorded launch is
-compiled to an sm_90 cubin by a subprocess without the interpreter
-(:mod:`tests.kernel_compile`).
+radix paths; int8, bfloat16 and float32 centroids) runs in the interpreter at the Llama head
+size with every launch recorded, then each recorded launch is compiled to an sm_90 cubin by
+a subprocess without the interpreter (:mod:`tests.kernel_compile`), and so is the stats
+kernel of captured steps. Every kernel of :mod:`vecstore.kernels` must be among the launches.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pkgutil
 
 import torch
 
-import vecstore.executor
 import vecstore.kernels
 from tests.interpreter import interpreted, request_interpreter
 from tests.kernel_compile import Launch, compile_failures, recorded_launches
@@ -25,14 +24,7 @@ from vecstore.executor.base import Steady
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.index.base import IndexView
 from vecstore.index.wave import WaveIndex
-from vecstore.kernels import (
-    estimate_zone,
-    merge_states,
-    score_centroids,
-    sparse_attention_by_clusters,
-    sparse_decode_attention,
-)
-from vecstore.kernels._backend import LazyKernel
+from vecstore.kernels.backend import LazyKernel
 
 request_interpreter()  # the kernels run on CPU tensors in Triton's interpreter
 
@@ -43,15 +35,13 @@ H, G, D = 2, 4, 128  # KV heads, query heads per KV head, the Llama head size
 
 def _all_kernels() -> set[str]:
     names = set()
-    for package in (vecstore.executor, vecstore.kernels):
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
-            names |= {obj.__name__ for obj in vars(module).values()
-                      if isinstance(obj, LazyKernel)}
+    for info in pkgutil.iter_modules(vecstore.kernels.__path__):
+        module = importlib.import_module(f"vecstore.kernels.{info.name}")
+        names |= {obj.__name__ for obj in vars(module).values() if isinstance(obj, LazyKernel)}
     return names
 
 
-def _decode(dtype: torch.dtype, **executor: object) -> None:
+def _inputs(dtype: torch.dtype) -> tuple[WaveIndex, IndexView, Steady, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     index = WaveIndex(CFG)
     views = [IndexView.from_segments(index.build(torch.randn(H, n, D, generator=gen).to(dtype),
@@ -61,44 +51,47 @@ def _decode(dtype: torch.dtype, **executor: object) -> None:
     steady = Steady(torch.randn(2, H, 40, D, generator=gen).to(dtype),
                     torch.randn(2, H, 40, D, generator=gen).to(dtype), torch.tensor([40, 17]))
     q = torch.randn(2, H * G, 1, D, generator=gen).to(dtype)
-    WaveExecutor(backend="triton", **executor).run(index, IndexView.stack(views), steady, q,
-                                                   D ** -0.5, CFG.for_layer(0))
+    return index, IndexView.stack(views), steady, q
 
 
-def _public_kernels(dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(1)
-    b, hq, hkv, clusters, rows = 1, 2 * G, 2, 96, 80
-    q = torch.randn(b, hq, D, generator=gen).to(dtype)
-    centroids = torch.randn(b, hkv, clusters, D, generator=gen).to(dtype)
-    sizes = torch.randint(1, 8, (b, hkv, clusters), generator=gen)
-    logits, top = score_centroids(q, centroids, sizes, D ** -0.5, 16, backend="triton")
-    value_sums = torch.randn(b, hkv, clusters, D, generator=gen).to(dtype)
-    est = estimate_zone(logits, sizes, value_sums, top, backend="triton")
-    keys = torch.randn(b, hkv, rows, D, generator=gen).to(dtype)
-    values = torch.randn(b, hkv, rows, D, generator=gen).to(dtype)
-    exact = sparse_decode_attention(q, keys, values, torch.full((b, hkv), rows), D ** -0.5,
-                                    backend="triton")
-    merge_states(*exact, *est)
-    starts = torch.arange(0, rows, 16).expand(b, hkv, -1).contiguous()
-    sparse_attention_by_clusters(q, keys, values, starts, torch.clamp(rows - starts, max=16),
-                                 D ** -0.5, backend="triton")
+def _decode(dtype: torch.dtype, **executor: object) -> None:
+    index, view, steady, q = _inputs(dtype)
+    WaveExecutor(backend="triton", **executor).run(index, view, steady, q, D ** -0.5,
+                                                   CFG.for_layer(0))
+
+
+def _step_stats() -> None:
+    """The stats kernel of captured steps, with the NaN/Inf check (the batch decoder's) and
+    without (a captured store query's)."""
+    from vecstore.kernels.step_stats import accumulate_step
+
+    index, view, steady, q = _inputs(torch.bfloat16)
+    ex = WaveExecutor(backend="triton")
+    prep = ex.prepare(view, CFG.for_layer(0), index)
+    res = ex.decode(prep, steady, q[:, :, 0].contiguous(), D ** -0.5)
+    z, kv = res.zones, steady.keys[:, :, :1]
+    for checked in ((), (q, kv, kv)):
+        accumulate_step(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts,
+                        res.lse, steady.lengths, prep.tokens_total, H,
+                        torch.zeros(5, dtype=torch.float64), checked,
+                        torch.ones((), dtype=torch.int32))
 
 
 @interpreted
 def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
-    from vecstore.executor import wave_radix, wave_streams
+    from vecstore.executor import wave_streams
+    from vecstore.kernels import radix_select
 
     with recorded_launches() as launches:
-        for dtype in (torch.bfloat16, torch.float32):
-            _public_kernels(dtype)
         _decode(torch.bfloat16)  # rows short enough for one program per row
-        monkeypatch.setattr(wave_radix, "_ROW_RADIX_MAX", 0)  # the candidate-list path
+        monkeypatch.setattr(radix_select, "_ROW_RADIX_MAX", 0)  # the candidate-list path
         monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
         monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
         _decode(torch.bfloat16)  # in pipelined row groups
         _decode(torch.bfloat16, simulate_offload=True)
         _decode(torch.float32, score_dtype=torch.float32)
         _decode(torch.bfloat16, score_dtype=torch.bfloat16)  # the default scores int8 codes
+        _step_stats()
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
     launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},

@@ -1,6 +1,6 @@
 """The wave buffer: a per-layer GPU block cache in front of offloaded KV, and the execution buffer.
 
-Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wave_state.Zones`):
+Per step, after the retrieved clusters are chosen (:class:`~vecstore.kernels.zones.Zones`):
 
 1. :meth:`WaveBuffer.lookup` reads each retrieved cluster's slot from the GPU slot table
    (hits and misses per (sequence, KV head) row, no host round trip) and lays out the
@@ -18,24 +18,23 @@ Per step, after the retrieved clusters are chosen (:class:`~vecstore.executor.wa
    :class:`~vecstore.buffer.bookkeeping.PolicyBookkeeper` (policy on a CPU thread), and
    :meth:`WaveBuffer.begin_step` installs the newest victim list it published.
 
-Steps 1-3 are plain device work of fixed shapes (CUDA-graph capturable); 4 runs between
-steps. Rows are ``b * Hkv + h``.
+Steps 1-3 are plain device work of fixed shapes (CUDA-graph capturable), the kernels of
+:mod:`vecstore.kernels.slot_table` and :mod:`vecstore.kernels.cluster_copy` (imported at their
+first launch: ``triton`` is an optional dependency); 4 runs between steps. Rows are
+``b * Hkv + h``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
 from vecstore.buffer.budget import account_for
-from vecstore.buffer.layout import ExecLayout
+from vecstore.kernels.exec_layout import ExecLayout
+from vecstore.kernels.zones import Zones
 from vecstore.kvstore.base import MemoryAccount
-
-if TYPE_CHECKING:
-    from vecstore.executor.wave_state import Zones
 
 __all__ = ["WaveBuffer", "BufferStats"]
 
@@ -135,14 +134,14 @@ class WaveBuffer:
     def lookup(self, zones: Zones) -> None:
         """Find each retrieved cluster's slot (-1 = miss), place it in the execution buffer
         (hits first) and count hits and misses."""
-        from vecstore.executor.wave_cache import lookup_slots
+        from vecstore.kernels.slot_table import lookup_slots
 
         self._zones = zones
         lookup_slots(zones, self.slot_of, self.slot, self.layout, self._counts)
 
     def fill_hits(self) -> None:
         """Copy hits from their slots into the execution buffer (current stream)."""
-        from vecstore.executor.wave_cache import copy_clusters
+        from vecstore.kernels.cluster_copy import copy_clusters
 
         assert self._zones is not None
         copy_clusters(1, self.layout, self.slot, None, self.cache_k, self.cache_v,
@@ -175,7 +174,7 @@ class WaveBuffer:
         table says the clusters are cached from here on: :meth:`admit` must run before the
         next :meth:`lookup`.
         """
-        from vecstore.executor.wave_cache import plan_admission
+        from vecstore.kernels.slot_table import plan_admission
 
         assert self._zones is not None
         plan_admission(self._zones, self.slot, self.victims, self.consumed, self.owner,
@@ -185,13 +184,13 @@ class WaveBuffer:
         """Copy the misses :meth:`plan_admission` gave a slot from the execution buffer into
         the cache: after the misses have arrived (:meth:`wait_misses`) and before the next
         :meth:`lookup`."""
-        from vecstore.executor.wave_cache import copy_clusters
+        from vecstore.kernels.cluster_copy import copy_clusters
 
         copy_clusters(2, self.layout, self.admitted, None, self.exec_k, self.exec_v,
                       self.cache_k, self.cache_v, self.slot_tokens)
 
     def _copy_misses(self) -> None:
-        from vecstore.executor.wave_cache import copy_clusters
+        from vecstore.kernels.cluster_copy import copy_clusters
 
         assert self._zones is not None
         copy_clusters(0, self.layout, self.slot, self._zones.first_row, self.keys,

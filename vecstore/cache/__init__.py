@@ -1,18 +1,14 @@
-"""The block cache in front of offloaded KV and its pluggable replacement policies.
+"""Replacement policies of the GPU block cache in front of offloaded KV.
 
-Policies are chosen by name (config key ``cache.policy``) from :data:`POLICIES`.
+The block cache itself is the wave buffer's (:class:`vecstore.buffer.WaveBuffer`); a policy
+only keeps the bookkeeping of which clusters stay. Policies are chosen by name (config key
+``cache.policy``) from :data:`POLICIES`.
 """
 
 from vecstore.cache.arc import ARCPolicy as ARCPolicy
 from vecstore.cache.base import POLICIES as POLICIES
 from vecstore.cache.base import CachePolicy as CachePolicy
 from vecstore.cache.base import make_policy as make_policy
-from vecstore.cache.block_cache import Admission as Admission
-from vecstore.cache.block_cache import BlockCache as BlockCache
-from vecstore.cache.block_cache import CacheStats as CacheStats
-from vecstore.cache.block_cache import HeadAdmission as HeadAdmission
-from vecstore.cache.block_cache import HeadLookup as HeadLookup
-from vecstore.cache.block_cache import Lookup as Lookup
 from vecstore.cache.clock import ClockPolicy as ClockPolicy
 from vecstore.cache.fifo import FIFOPolicy as FIFOPolicy
 from vecstore.cache.lfu import LFUPolicy as LFUPolicy
@@ -29,10 +25,4 @@ __all__ = [
     "ClockPolicy",
     "ARCPolicy",
     "S3FIFOPolicy",
-    "BlockCache",
-    "Lookup",
-    "HeadLookup",
-    "Admission",
-    "HeadAdmission",
-    "CacheStats",
 ]

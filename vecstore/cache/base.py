@@ -1,8 +1,9 @@
 """The :class:`CachePolicy` protocol, the policy registry and helpers shared by policies.
 
 A policy decides which keys of a fixed-capacity cache stay resident. It only keeps
-bookkeeping: where the cached data lives (slots, tensors) is the caller's business,
-see :class:`vecstore.cache.BlockCache`.
+bookkeeping: where the cached data lives (slots, tensors) is the caller's business, see
+:class:`vecstore.buffer.WaveBuffer` and its
+:class:`~vecstore.buffer.bookkeeping.PolicyBookkeeper`.
 """
 
 from __future__ import annotations

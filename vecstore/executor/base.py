@@ -10,7 +10,7 @@ import torch
 from vecstore.cache.base import POLICIES
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
-from vecstore.kernels._backend import has_triton
+from vecstore.kernels.backend import has_triton
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 
@@ -92,9 +92,9 @@ def resolve_kind(kind: str, device: str) -> str:
 
 def build_executor(config: StoreConfig) -> Executor:
     """The executor a store of ``config`` queries with: ``executor.kind`` (resolved by
-    :func:`resolve_kind`) on ``executor.device``. A registered class with a ``from_config(config)`` classmethod builds
-    itself from the whole configuration (the wave executor takes its block cache's policy and
-    size from ``cache``).
+    :func:`resolve_kind`) on ``executor.device``. A registered class with a
+    ``from_config(config)`` classmethod builds itself from the whole configuration (the wave
+    executor takes its block cache's policy and size from ``cache``).
 
     Raises
     ------

@@ -1,15 +1,18 @@
-"""The reference executor in plain torch (CPU and CUDA), the yardstick for every kernel."""
+"""The reference executor in plain torch (CPU and CUDA): the torch reference of the kernels
+(:mod:`vecstore.kernels.reference`) run over a query plan, the yardstick for every executor."""
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 
 from vecstore.config import LayerConfig
 from vecstore.executor.base import EXECUTORS, Steady
-from vecstore.executor.merge import attend, merge
 from vecstore.executor.numba_gather import gather_clusters
 from vecstore.executor.plan import make_plan
-from vecstore.index.base import Index, IndexView
+from vecstore.index.base import EstimatingIndex, Index, IndexView, UnitSummary
+from vecstore.kernels.reference import attend, estimate, merge
 from vecstore.slicing import query_slices
 from vecstore.types import QueryStats
 
@@ -56,39 +59,28 @@ def gather_units(view: IndexView, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     return k.reshape(B, H, M, D), v.reshape(B, H, M, D), valid
 
 
-def estimate_units(view: IndexView, ids: torch.Tensor, q: torch.Tensor,
+def estimate_units(view: IndexView, summary: UnitSummary, ids: torch.Tensor, q: torch.Tensor,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention over units ``ids`` approximated by their centroids and value sums.
+    """Attention over units ``ids`` (``[B, Hkv, E]``, -1 = none) of ``view`` approximated by
+    their centroids and value sums (``summary``, :func:`vecstore.kernels.reference.estimate`).
 
-    Every key of unit ``j`` is replaced by its mean ``c_j``: the unit contributes
-    ``n_j e^{s q·c_j}`` to the denominator (a lower bound of its true mass, by Jensen)
-    and ``e^{s q·c_j} VS_j`` to the numerator.
-
-    Returns ``out [B, Hkv, G, L, D]`` and ``lse [B, Hkv, G, L]`` (float32).
+    Returns ``out [B, Hkv, G, L, D]`` and ``lse [B, Hkv, G, L]`` (float32) of grouped queries
+    ``q [B, Hkv, G, L, D]``.
     """
-    return _estimate(_estimation_zone(view, ids), q, scale)
+    return estimate(q, *_estimation_zone(view, summary, ids), scale)
 
 
-def _estimation_zone(view: IndexView, ids: torch.Tensor,
+def _estimation_zone(view: IndexView, summary: UnitSummary, ids: torch.Tensor,
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Centroids ``[B, H, E, D]``, log sizes ``[B, H, E]`` (``-inf`` pads) and mean values
     of units ``ids``: what :func:`estimate_units` needs, gathered once for all queries."""
     safe = ids.clamp_min(0)
-    D = view.meta["centroids"].shape[-1]
+    D = summary.centroids.shape[-1]
     gidx = safe[..., None].expand(-1, -1, -1, D)
-    cent = torch.gather(view.meta["centroids"], 2, gidx)  # [B, H, E, D]
-    vsum = torch.gather(view.meta["value_sums"], 2, gidx)
+    cent = torch.gather(summary.centroids, 2, gidx)  # [B, H, E, D]
+    vsum = torch.gather(summary.value_sums, 2, gidx)
     size = (torch.gather(view.sizes, -1, safe) * (ids >= 0)).float()  # [B, H, E]
     return cent, size.log(), vsum / size.clamp_min(1.0)[..., None]
-
-
-def _estimate(zone: tuple[torch.Tensor, torch.Tensor, torch.Tensor], q: torch.Tensor,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    cent, log_size, vmean = zone
-    logits = scale * torch.einsum("bhgld,bhed->bhgle", q, cent) + log_size[:, :, None, None]
-    lse = torch.logsumexp(logits, dim=-1)
-    probs = torch.exp(logits.sub_(lse[..., None])).nan_to_num_(0.0)
-    return torch.einsum("bhgle,bhed->bhgld", probs, vmean), lse
 
 
 @EXECUTORS.register("torch")
@@ -140,8 +132,9 @@ class TorchExecutor:
             retrieved = int((plan.retrieve >= 0).sum())
             estimated = int((plan.estimate >= 0).sum())
             columns = max(columns, rows[0].shape[2])
-            if estimated:
-                zone = _estimation_zone(view, plan.estimate)
+            if estimated:  # only an EstimatingIndex plans an estimation zone
+                summary = cast(EstimatingIndex, index).summarize(view)
+                zone = _estimation_zone(view, summary, plan.estimate)
                 columns = max(columns, plan.estimate.shape[2])
         parts = query_slices(L, columns, rows=B * Hq)
         if len(parts) > 1:
@@ -156,7 +149,7 @@ class TorchExecutor:
             if rows is not None:
                 o, s = merge(o, s, *attend(qg, rows[0], rows[1], rows[2], scale))
             if zone is not None:
-                o_e, s_e = _estimate(zone, qg, scale)
+                o_e, s_e = estimate(qg, *zone, scale)
                 o, s_all = merge(o, s, o_e, s_e)
                 mass += torch.exp(s_e - s_all).nan_to_num_(0.0).sum(dtype=torch.float64)
                 s = s_all

@@ -1,22 +1,17 @@
 """The wave executor: fused Triton decode over GPU-resident or offloaded KV (RetroInfer).
 
-A decode step (one query token per sequence, ``B`` sequences at once, no Python loop over
-sequences or heads):
-
-1. centroid logits, the GQA-summed softmax score of every cluster, and the retrieval and
-   estimation zones by radix select, without sorting
-   (:func:`~vecstore.executor.wave_select.centroid_logits`,
-   :func:`~vecstore.executor.wave_select.select_ranked`);
-2. split-K attention over the retrieved rows, and on a side stream the steady zone and the
-   estimated clusters, merged by log-sum-exp (:mod:`vecstore.executor.wave_kernels`).
-
-On CUDA, :meth:`WaveExecutor.run` replays the step as a CUDA graph captured per layer.
+A decode step (one query token per sequence, ``B`` sequences at once) is the index probe
+and the three zones' attention, merged (:func:`~vecstore.executor.wave_step.decode_step`);
+on CUDA, :meth:`WaveExecutor.run` replays it as a CUDA graph captured per layer
+(:mod:`vecstore.executor.wave_graph`). What a step needs of a view is prepared once per view
+and budget (:func:`~vecstore.executor.wave_state.prepare_view`), from the units' summary its
+index gives (:meth:`~vecstore.index.base.EstimatingIndex.summarize`).
 
 KV rows that live in host memory (an :class:`~vecstore.index.base.IndexView` whose keys
 are on the CPU while the query is on the GPU) go through a
 :class:`~vecstore.buffer.WaveBuffer`: block cache, execution buffer, misses over PCIe.
 
-Anything else (prefill with ``L > 1``, indexes without centroids, exact layers, CPU tensors
+Anything else (prefill with ``L > 1``, indexes that cannot estimate, exact layers, CPU tensors
 without the Triton interpreter) runs on :class:`~vecstore.executor.torch_ref.TorchExecutor`,
 whose plan this executor reproduces: same zones (ties broken by cluster id), same merge.
 """
@@ -24,28 +19,23 @@ whose plan this executor reproduces: same zones (ties broken by cluster id), sam
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import cast
 
 import torch
 
-from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.torch_ref import TorchExecutor
-from vecstore.executor.wave_state import (
-    CapturedStep,
-    DecodeResult,
-    PreparedView,
-    Zones,
-    prepare_view,
-    step_stats,
-)
-from vecstore.executor.wave_streams import StreamPool, on, pipeline_groups
-from vecstore.index.base import Index, IndexView
-from vecstore.kernels._backend import is_interpreted, resolve_backend
+from vecstore.executor.wave_graph import replay
+from vecstore.executor.wave_state import DecodeResult, PreparedView, prepare_view, step_stats
+from vecstore.executor.wave_step import decode_step
+from vecstore.executor.wave_streams import StreamPool
+from vecstore.index.base import EstimatingIndex, Index, IndexView
+from vecstore.kernels.backend import Backend, is_interpreted, resolve_backend
 from vecstore.types import QueryStats
 
-__all__ = ["WaveExecutor", "PreparedView", "DecodeResult", "Zones"]
+__all__ = ["WaveExecutor"]
 
 _MAX_PREPARED = 512
 _SCORE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16, torch.int8)
@@ -94,7 +84,7 @@ class WaveExecutor:
     torch.Size([1, 4, 1, 8])
     """
 
-    def __init__(self, device: str = "cpu", *, backend: str = "auto",
+    def __init__(self, device: str = "cpu", *, backend: Backend = "auto",
                  score_dtype: torch.dtype | None = torch.int8, cache_policy: str = "lru",
                  cache_capacity: float = 0.05, slot_tokens: int = 32,
                  simulate_offload: bool = False, use_graphs: bool = True) -> None:
@@ -133,7 +123,7 @@ class WaveExecutor:
         prep = self.prepare(view, layer, index)
         B, Hq, _, D = q.shape
         if self.use_graphs and q.device.type == "cuda":
-            res = self._replay(prep, steady, q[:, :, 0], scale)
+            res = replay(prep, steady, q[:, :, 0], scale, self.decode)
             assert prep.graph is not None and prep.graph.stats is not None
             values = prep.graph.stats.clone()
         else:
@@ -153,7 +143,7 @@ class WaveExecutor:
         """Whether the fused decode handles this query (else the reference runs)."""
         if view is None or q.shape[2] != 1 or layer.exact or index.is_exact:
             return False
-        if not index.can_estimate or "centroids" not in view.meta:
+        if not index.can_estimate:  # an EstimatingIndex: its units have centroids
             return False
         D = q.shape[-1]
         if D < 16 or D & (D - 1):  # the kernels tile head_dim as one power-of-two block
@@ -174,7 +164,8 @@ class WaveExecutor:
         if prep is not None and prep.view is view:
             self._prepared.move_to_end(key)
             return prep
-        prep = prepare_view(view, layer, index, score_dtype=self.score_dtype,
+        summary = cast(EstimatingIndex, index).summarize(view)
+        prep = prepare_view(view, summary, layer, index, score_dtype=self.score_dtype,
                             offload=self.simulate_offload, cache_policy=self.cache_policy,
                             cache_capacity=self.cache_capacity, slot_tokens=self.slot_tokens)
         self._prepared[key] = prep
@@ -195,192 +186,6 @@ class WaveExecutor:
     # -- the step ------------------------------------------------------------------------
     def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
                scale: float) -> DecodeResult:
-        """One decode step: ``q [B, Hq, D]`` against the view and the steady zone.
-
-        Only device work of fixed shapes for fixed inputs (the steady capacity included),
-        so the whole call can be captured in a CUDA graph; an offloaded view's
-        :meth:`WaveBuffer.begin_step`/`finish_step` run outside it. A graph capturing it
-        reads ``prep``'s tensors: keep ``prep`` alive as long as the graph.
-
-        On CUDA the rows are served in
-        :func:`~vecstore.executor.wave_streams.pipeline_groups` groups: the current stream
-        computes every group's centroid logits one after the other (bandwidth-bound), and
-        each group's selection (latency-bound) and attention run on a stream of their own
-        as soon as its logits are written, next to the following groups' logits. In a
-        group, a side stream attends the estimated zone next to the retrieved one (they
-        read different bytes); the first group's side stream also attends the steady zone
-        next to its selection.
-        """
-        # triton is imported here, not at module import: it is an optional dependency
-        from vecstore.executor.wave_kernels import (
-            attend_estimated,
-            attend_retrieved,
-            attend_steady,
-            combine,
-            estimate_layout,
-            fill_rowmap,
-            retrieved_layout,
-            steady_splits,
-        )
-        from vecstore.executor.wave_select import centroid_logits, select_ranked
-
-        B, Hq, D = q.shape
-        rows, C = prep.sizes.shape
-        G = B * Hq // rows
-        dev = q.device
-        buf = prep.buffer
-        _, n_ret = retrieved_layout(prep.max_rows)
-        main = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
-        if buf is not None:
-            n_ret *= 2  # the hits and the misses of the execution buffer apart
-        n_std = steady_splits(steady.keys.shape[2])
-        _, n_est = estimate_layout(prep.e_max)
-        P = n_ret + n_std + n_est
-        parts = (torch.empty(B * Hq, P, D, dtype=torch.float32, device=dev),
-                 torch.empty(B * Hq, P, dtype=torch.float32, device=dev))
-        qf = q.reshape(B * Hq, D).contiguous()
-        qs = qf if prep.code_scales is not None else qf.to(prep.centroids.dtype)
-        cent = prep.centroids.view(rows, C, D)
-        weights = torch.empty(B * Hq, C, dtype=torch.float32, device=dev)
-        zones = Zones.empty(rows, C, prep.r_max, dev, prep.e_max)
-        out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
-        lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
-        groups = 1 if buf is not None else pipeline_groups(rows, C)
-        steady_done = torch.cuda.Event() if main is not None else None
-        joins = []
-        for g in range(groups):
-            r0, r1 = g * rows // groups, (g + 1) * rows // groups
-            x0, x1 = r0 * G, r1 * G
-            radii = prep.radii[r0:r1] if prep.radii is not None else None
-            scales = prep.code_scales[r0:r1] if prep.code_scales is not None else None
-            logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
-                                     prep.radius_weight, weights[x0:x1], scales)
-            sel, side = self._streams.get(dev, "select", g), self._streams.get(dev, "side", g)
-            if sel is not None:
-                sel.wait_stream(main)  # this group's logits; the next group's follow on main
-                joins.append(sel)
-            part = (parts[0][x0:x1], parts[1][x0:x1])
-            z = zones.rows(r0, r1)
-            with on(sel):
-                if g == 0:  # the steady zone's reads overlap the first group's selection
-                    if side is not None:
-                        side.wait_stream(sel)
-                    with on(side):
-                        attend_steady(qf, steady.keys, steady.values, steady.lengths, scale,
-                                      parts, n_ret)
-                        if steady_done is not None:
-                            steady_done.record()
-                select_ranked(logits, prep.sizes[r0:r1], prep.first_row[r0:r1],
-                              prep.k1[r0:r1], prep.k2[r0:r1], z)
-                if side is not None:
-                    side.wait_stream(sel)  # the estimated zone reads other bytes than retrieved
-                with on(side):
-                    attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
-                if buf is None:
-                    rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
-                    fill_rowmap(z, rowmap)
-                    attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
-                                     scale, part, 0)
-                else:
-                    admit = self._attend_offloaded(buf, z, qf[x0:x1], scale, part)
-                    if admit is not None:
-                        joins.append(admit)
-                if sel is not None:
-                    sel.wait_stream(side)
-                    sel.wait_event(steady_done)
-                combine(part, out[x0:x1], lse[x0:x1])
-        for stream in joins:
-            main.wait_stream(stream)
-        return DecodeResult(out=out.view(B, Hq, D), lse=lse.view(B, Hq), zones=zones,
-                            parts_lse=parts[1], num_exact_parts=n_ret + n_std)
-
-    def _attend_offloaded(self, buf: WaveBuffer, zones: Zones, q: torch.Tensor, scale: float,
-                          parts: tuple[torch.Tensor, torch.Tensor]) -> torch.cuda.Stream | None:
-        """The retrieved zone of an offloaded view, on the current stream: the block cache's
-        lookup, hits and misses copied into the execution buffer, attention over the hits
-        while the misses cross PCIe, then over the misses. The admission runs on a stream of
-        its own: its bookkeeping (it reads the lookup, and hits never lose their slots) while
-        the hits and misses are copied, its copy of the admitted rows into the cache after
-        the attention over the misses, beside the merge (the caller joins the stream)."""
-        from vecstore.executor.wave_kernels import attend_retrieved, retrieved_layout
-
-        current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
-        admit = self._streams.get(q.device, "admit")
-        buf.lookup(zones)
-        if admit is not None:
-            admit.wait_stream(current)
-        with on(admit):
-            buf.plan_admission()
-        buf.fill_misses()
-        buf.fill_hits()
-        split = buf.layout.split
-        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0, split=split)
-        buf.wait_misses()
-        attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts,
-                         retrieved_layout(buf.exec_k.shape[1])[1], split=split,
-                         after_split=True)
-        if admit is not None:
-            admit.wait_stream(current)  # the misses have arrived
-        with on(admit):
-            buf.admit()
-        return admit
-
-    def _replay(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
-                scale: float) -> DecodeResult:
-        """Run :meth:`decode` as a CUDA graph, captured once per query shape and steady
-        zone: a ``persistent`` steady zone is read in place (captured per buffer), any other
-        is copied into the graph's own, of a capacity rounded up to 256 rows (so a growing
-        steady zone re-captures rarely)."""
-        B, H, S, D = steady.keys.shape
-        if steady.persistent:
-            where: tuple = (steady.keys.data_ptr(), steady.values.data_ptr(),
-                            steady.lengths.data_ptr(), S)
-        else:
-            where = (-(-S // 256) * 256,)
-        key = (tuple(q.shape), q.dtype, where, scale)
-        g = prep.graph
-        if g is None or g.key != key:
-            prep.graph = None  # free the old graph's memory before capturing
-            g = prep.graph = self._capture(prep, key, q, steady, where, scale)
-        g.q.copy_(q)
-        if g.steady.keys is not steady.keys:
-            g.steady.keys[:, :, :S].copy_(steady.keys)
-            g.steady.values[:, :, :S].copy_(steady.values)
-        if g.steady.lengths is not steady.lengths:
-            g.steady.lengths.copy_(steady.lengths)
-        if prep.buffer is not None:
-            prep.buffer.begin_step()
-        g.graph.replay()
-        if prep.buffer is not None:
-            prep.buffer.finish_step()
-        return g.res
-
-    def _capture(self, prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady,
-                 where: tuple, scale: float) -> CapturedStep:
-        B, H, S, D = steady.keys.shape
-        if steady.persistent:  # read in place; the graph keeps the buffer alive
-            static = steady
-        else:
-            cap = where[0]
-            static = Steady(steady.keys.new_zeros(B, H, cap, D),
-                            steady.values.new_zeros(B, H, cap, D), steady.lengths.clone())
-            static.keys[:, :, :S].copy_(steady.keys)
-            static.values[:, :, :S].copy_(steady.values)
-        qs = q.contiguous().clone()
-        warm = torch.cuda.Stream(q.device)
-        warm.wait_stream(torch.cuda.current_stream(q.device))
-        with torch.cuda.stream(warm):  # compiles the kernels; a real step for the buffer
-            if prep.buffer is not None:
-                prep.buffer.begin_step()
-            self.decode(prep, static, qs, scale)
-            if prep.buffer is not None:
-                prep.buffer.finish_step()
-        torch.cuda.current_stream(q.device).wait_stream(warm)
-        if prep.buffer is not None:
-            prep.buffer.bookkeeper.wait()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            res = self.decode(prep, static, qs, scale)
-            stats = step_stats(res, static.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
-        return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
+        """One decode step: ``q [B, Hq, D]`` against the view and the steady zone
+        (:func:`~vecstore.executor.wave_step.decode_step`, on this executor's streams)."""
+        return decode_step(prep, steady, q, scale, self._streams)

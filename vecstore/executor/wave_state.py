@@ -12,62 +12,10 @@ from vecstore.config import LayerConfig
 from vecstore.executor.base import Steady
 from vecstore.executor.plan import zone_sizes
 from vecstore.executor.sq8 import quantize
-from vecstore.index.base import Index, IndexView
+from vecstore.index.base import Index, IndexView, UnitSummary
+from vecstore.kernels.zones import Zones
 
-__all__ = ["Zones", "PreparedView", "DecodeResult", "CapturedStep", "step_stats", "prepare_view"]
-
-
-@dataclass(frozen=True, slots=True)
-class Zones:
-    """Per-row output of :func:`select_zones` (rows ``b * Hkv + h``).
-
-    Attributes
-    ----------
-    zone : torch.Tensor
-        ``[rows, C]`` int8: 1 retrieved, 2 estimated, 0 dropped.
-    ids : torch.Tensor
-        ``[rows, R]`` int32 retrieved cluster ids in cluster order (first ``count`` valid).
-    first_row : torch.Tensor
-        ``[rows, R]`` int32 first KV row of each retrieved cluster.
-    cum : torch.Tensor
-        ``[rows, R + 1]`` int32 running sum of retrieved sizes: cluster ``i`` fills
-        execution rows ``cum[i]:cum[i + 1]``; ``cum[count]`` is the row total.
-    count : torch.Tensor
-        ``[rows]`` int32 retrieved clusters.
-    est_ids : torch.Tensor
-        ``[rows, E]`` int32 estimated cluster ids in cluster order (first ``est_count``
-        valid; none kept when ``E`` is 0).
-    est_count : torch.Tensor
-        ``[rows]`` int32 estimated clusters.
-    """
-
-    zone: torch.Tensor
-    ids: torch.Tensor
-    first_row: torch.Tensor
-    cum: torch.Tensor
-    count: torch.Tensor
-    est_ids: torch.Tensor
-    est_count: torch.Tensor
-
-    def rows(self, start: int, stop: int) -> Zones:
-        """The zones of rows ``start:stop`` (views: writing them writes these)."""
-        return Zones(*(getattr(self, f)[start:stop] for f in Zones.__slots__))
-
-    @staticmethod
-    def empty(rows: int, num_clusters: int, r_max: int, device: torch.device,
-              e_max: int = 0) -> Zones:
-        """Buffers for ``rows`` rows of ``num_clusters`` clusters, at most ``r_max`` retrieved
-        and ``e_max`` estimated ids kept."""
-        i32 = torch.int32
-        return Zones(
-            zone=torch.empty(rows, num_clusters, dtype=torch.int8, device=device),
-            ids=torch.empty(rows, r_max, dtype=i32, device=device),
-            first_row=torch.empty(rows, r_max, dtype=i32, device=device),
-            cum=torch.empty(rows, r_max + 1, dtype=i32, device=device),
-            count=torch.empty(rows, dtype=i32, device=device),
-            est_ids=torch.empty(rows, e_max, dtype=i32, device=device),
-            est_count=torch.empty(rows, dtype=i32, device=device),
-        )
+__all__ = ["PreparedView", "DecodeResult", "CapturedStep", "step_stats", "prepare_view"]
 
 
 @dataclass
@@ -186,18 +134,18 @@ def step_stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H:
     return torch.stack([total, tokens_exact, retrieved.double(), estimated.double(), mass])
 
 
-def prepare_view(view: IndexView, layer: LayerConfig, index: Index, *,
+def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, index: Index, *,
                  score_dtype: torch.dtype | None, offload: bool, cache_policy: str,
                  cache_capacity: float, slot_tokens: int) -> PreparedView:
-    """The decode-ready form of ``view`` for ``layer``'s budgets: per-row zone sizes, value
-    means, centroids in ``score_dtype`` (int8 codes and their scales for ``torch.int8``, the
-    KV dtype for ``None``), and a :class:`WaveBuffer` (``cache_policy``, ``cache_capacity``
-    of the clusters, ``slot_tokens`` rows a slot) when the rows are not on the centroids'
-    device or ``offload`` asks for one."""
+    """The decode-ready form of ``view`` (its units summarized by ``index`` as ``summary``)
+    for ``layer``'s budgets: per-row zone sizes, value means, centroids in ``score_dtype``
+    (int8 codes and their scales for ``torch.int8``, the KV dtype for ``None``), and a
+    :class:`WaveBuffer` (``cache_policy``, ``cache_capacity`` of the clusters, ``slot_tokens``
+    rows a slot) when the rows are not on the centroids' device or ``offload`` asks for one."""
     B, H, C = view.sizes.shape
     N, D = view.keys.shape[2:]
     rows = B * H
-    dev = view.meta["centroids"].device
+    dev = summary.centroids.device
     kv_dtype = view.keys.dtype
     counts = [zone_sizes(int(n), layer, index) for n in view.num_units.tolist()]
     k1 = torch.tensor([r for r, _ in counts], dtype=torch.int32).repeat_interleave(H)
@@ -205,8 +153,8 @@ def prepare_view(view: IndexView, layer: LayerConfig, index: Index, *,
     r_max = max(1, int(k1.max()))
     e_max = max(1, int((k2 - k1).max()))
     sizes = view.sizes.reshape(rows, C)
-    vmean = view.meta["value_sums"] / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
-    cent, code_scales = view.meta["centroids"], None
+    vmean = summary.value_sums / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
+    cent, code_scales = summary.centroids, None
     if score_dtype == torch.int8:
         cent, code_scales = quantize(cent)
         code_scales = code_scales.reshape(rows, C).contiguous()
@@ -223,8 +171,8 @@ def prepare_view(view: IndexView, layer: LayerConfig, index: Index, *,
             keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
             num_slots=max(1, math.ceil(cache_capacity * C)),
             slot_tokens=slot_tokens, device=dev, policy=cache_policy)
-    weight = float(getattr(index, "radius_weight", 0.0))
-    radii = (view.meta["radii"].reshape(rows, C).to(dev, torch.float32).contiguous()
+    weight = float(summary.radius_weight)
+    radii = (summary.radii.reshape(rows, C).to(dev, torch.float32).contiguous()
              if weight else None)
     return PreparedView(
         view=view, centroids=cent, vmean=vmean.to(kv_dtype).reshape(rows, C, D).contiguous(),

@@ -7,8 +7,10 @@ from vecstore.index import sink_window as sink_window
 from vecstore.index import topk_oracle as topk_oracle
 from vecstore.index import wave as wave
 from vecstore.index.base import INDEXES as INDEXES
+from vecstore.index.base import EstimatingIndex as EstimatingIndex
 from vecstore.index.base import Index as Index
 from vecstore.index.base import IndexView as IndexView
 from vecstore.index.base import Segment as Segment
+from vecstore.index.base import UnitSummary as UnitSummary
 
-__all__ = ["INDEXES", "Index", "IndexView", "Segment"]
+__all__ = ["INDEXES", "EstimatingIndex", "Index", "IndexView", "Segment", "UnitSummary"]

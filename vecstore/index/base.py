@@ -9,7 +9,7 @@ import torch
 
 from vecstore.registry import Registry
 
-__all__ = ["Segment", "IndexView", "Index", "INDEXES"]
+__all__ = ["Segment", "IndexView", "UnitSummary", "Index", "EstimatingIndex", "INDEXES"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +123,36 @@ class IndexView:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class UnitSummary:
+    """What an estimating index knows of each unit of a view: the decode step's inputs for
+    ranking units by centroid and approximating the unretrieved ones.
+
+    Attributes
+    ----------
+    centroids : torch.Tensor
+        ``[B, Hkv, C, D]`` float32 mean key of each unit.
+    value_sums : torch.Tensor
+        ``[B, Hkv, C, D]`` float32 sum of each unit's values.
+    radii : torch.Tensor
+        ``[B, Hkv, C]`` float32 largest distance from a unit's centroid to its keys.
+    radius_weight : float
+        ``w`` of the ranking logit ``q·c + w·|q|·r``; 0 ranks by the centroids alone.
+    """
+
+    centroids: torch.Tensor
+    value_sums: torch.Tensor
+    radii: torch.Tensor
+    radius_weight: float
+
+
 @runtime_checkable
 class Index(Protocol):
     """Organises a layer's indexed tokens into units and ranks units for a query.
 
-    ``can_estimate`` says whether segments carry ``centroids`` and ``value_sums`` so the
-    estimation zone can approximate unretrieved units; ``is_exact`` says every unit
-    must always be retrieved.
+    ``can_estimate`` says whether the index is an :class:`EstimatingIndex`, whose
+    :meth:`~EstimatingIndex.summarize` lets the estimation zone approximate unretrieved
+    units; ``is_exact`` says every unit must always be retrieved.
     """
 
     can_estimate: bool
@@ -164,6 +187,15 @@ class Index(Protocol):
         torch.Tensor
             ``[B, Hkv, C]`` float32; ``-inf`` for units of size 0.
         """
+        ...
+
+
+@runtime_checkable
+class EstimatingIndex(Index, Protocol):
+    """An index whose units carry centroids and value sums (``can_estimate`` is true)."""
+
+    def summarize(self, view: IndexView) -> UnitSummary:
+        """The centroids, value sums and radii of ``view``'s units (views, not copies)."""
         ...
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from vecstore.cluster import CLUSTERERS, strided_init
 from vecstore.config import StoreConfig
-from vecstore.index.base import INDEXES, IndexView, Segment
+from vecstore.index.base import INDEXES, IndexView, Segment, UnitSummary
 from vecstore.index.pages import sliced_group_softmax_rank
 
 __all__ = ["WaveIndex", "bound_logits", "split_segments"]
@@ -108,6 +108,11 @@ class WaveIndex:
         return Segment(start=start, end=start + n, keys=k_sorted, values=v_sorted,
                        offsets=offsets, meta={"centroids": centroids, "radii": radii,
                                               "value_sums": value_sums})
+
+    def summarize(self, view: IndexView) -> UnitSummary:
+        """The view's centroids, value sums and radii, and ``index.radius_weight``."""
+        return UnitSummary(centroids=view.meta["centroids"], value_sums=view.meta["value_sums"],
+                           radii=view.meta["radii"], radius_weight=self.radius_weight)
 
     def rank(self, view: IndexView, q: torch.Tensor, scale: float) -> torch.Tensor:
         centroids, radii, weight = view.meta["centroids"], view.meta["radii"], self.radius_weight

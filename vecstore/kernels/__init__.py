@@ -1,30 +1,22 @@
-"""Decode kernels for one query token per sequence: Triton on CUDA, plain torch elsewhere.
+"""The decode kernels of the wave index and wave buffer: Triton kernels and their launches.
 
-Each kernel returns float32 results and takes ``backend="auto" | "triton" | "torch"``:
+One query token per sequence, ``B`` sequences at once, grouped-query attention; rows are
+``b * Hkv + h``. The wave executor (:mod:`vecstore.executor.wave_step`) runs them in this
+order:
 
-- :func:`score_centroids` — centroid logits and each KV head's top clusters (index probe);
-- :func:`estimate_zone` — the estimation zone's attention state from centroids and value sums;
-- :func:`sparse_decode_attention` — exact attention over gathered buffers (split-K);
-- :func:`sparse_attention_by_clusters` — exact attention over clusters read in place;
-- :func:`merge_states` — exact log-sum-exp merge of two attention states.
+- :mod:`~vecstore.kernels.centroid_logits` — every cluster's centroid logits (index probe);
+- :mod:`~vecstore.kernels.zone_select` — the clusters' ranking score and the retrieval and
+  estimation zones (:mod:`~vecstore.kernels.radix_select`, :mod:`~vecstore.kernels.zone_write`,
+  written into :class:`~vecstore.kernels.zones.Zones`);
+- :mod:`~vecstore.kernels.retrieved_attention`, :mod:`~vecstore.kernels.steady_attention`,
+  :mod:`~vecstore.kernels.estimated_attention` — split-K attention over the three zones;
+- :mod:`~vecstore.kernels.merge_parts` — the log-sum-exp merge of their partial states;
+- :mod:`~vecstore.kernels.slot_table`, :mod:`~vecstore.kernels.cluster_copy` — the wave
+  buffer's slot lookup, admission and cluster copies (offloaded views);
+- :mod:`~vecstore.kernels.step_stats` — a captured step's stats and NaN/Inf check, in one
+  launch per layer.
 
-Importing this package does not import Triton.
+:mod:`~vecstore.kernels.reference` is their torch reference; :mod:`~vecstore.kernels.backend`
+chooses between the two. Importing this package does not import Triton (the kernel modules
+do: ``triton`` is an optional dependency).
 """
-
-from vecstore.kernels.centroid_topk import score_centroids as score_centroids
-from vecstore.kernels.centroid_topk import select_top as select_top
-from vecstore.kernels.estimate import estimate_zone as estimate_zone
-from vecstore.kernels.merge import merge_states as merge_states
-from vecstore.kernels.sparse_attention import (
-    sparse_attention_by_clusters as sparse_attention_by_clusters,
-)
-from vecstore.kernels.sparse_attention import sparse_decode_attention as sparse_decode_attention
-
-__all__ = [
-    "estimate_zone",
-    "merge_states",
-    "score_centroids",
-    "select_top",
-    "sparse_attention_by_clusters",
-    "sparse_decode_attention",
-]

@@ -1,7 +1,7 @@
-"""Triton device functions of split-K decode attention, shared by the kernels and the executor.
+"""Triton device functions shared by the decode kernels of this package.
 
-The split kernels of :mod:`vecstore.kernels` and of :mod:`vecstore.executor.wave_kernels` serve
-one query token per sequence with grouped-query attention: a program owns the ``G`` query heads
+The split kernels (the three zones' attention, the index probe) serve one query token per
+sequence with grouped-query attention: a program owns the ``G`` query heads
 of a KV head ``row = b * Hkv + h`` (query rows ``row * G + g``) over one split of a reduction,
 keeps an online-softmax state (running max ``m``, sum of exponentials ``l``, weighted sum of
 values ``acc``) and writes it as a normalised partial state ``(out, lse)``; a combine kernel
@@ -19,7 +19,8 @@ __all__ = [
     "query_group",
     "load_queries",
     "empty_state",
-    "add_values",
+    "softmax_step",
+    "attend_rows",
     "store_state",
     "store_merged",
 ]
@@ -57,14 +58,30 @@ def empty_state(BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def add_values(acc, alpha, p, values, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
-    # acc [G, D] rescaled by alpha [G], plus the weights p [G, N] (rounded to the values' dtype)
-    # times values [N, D]
-    p_op = p.to(values.dtype)
+def softmax_step(s, v, m_i, l_i, acc):
+    # fold scores s [G, N] (-inf where masked) and values v [N, D] into the running max,
+    # sum of exp and weighted sum of one query row group
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    pr = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(pr, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
+                DOT_F32: tl.constexpr):
+    # one tile of exact attention: rows kv_off [N, D] of K and V, valid where pmask
+    k = tl.load(k_ptr + kv_off, mask=pmask[:, None], other=0.0)
+    v = tl.load(v_ptr + kv_off, mask=pmask[:, None], other=0.0)
     if DOT_F32:
-        p_op = p_op.to(tl.float32)
-        values = values.to(tl.float32)
-    return acc * alpha[:, None] + tl.dot(p_op, values, input_precision=PRECISION)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where(pmask[None, :], s, float("-inf"))
+    return softmax_step(s, v, m_i, l_i, acc)
 
 
 @triton.jit

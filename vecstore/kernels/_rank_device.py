@@ -1,6 +1,6 @@
-"""Triton device functions that rank clusters, shared by the kernels and the executor.
+"""Triton device functions that rank clusters, shared by the index probe's two kernels.
 
-:mod:`vecstore.kernels._centroid_kernels` and :mod:`vecstore.executor.wave_rank` score the
+:mod:`vecstore.kernels.centroid_logits` and :mod:`vecstore.kernels.zone_select` score the
 clusters of a KV head for the ``G`` query heads of its group in two launches: the first
 computes centroid logits a tile at a time and each head's running max and sum of exponentials
 over its split of the clusters; the second folds those per-split statistics into each head's
@@ -14,11 +14,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["centroid_logits", "sum_exp_step", "softmax_norm", "group_score"]
+__all__ = ["tile_logits", "sum_exp_step", "softmax_norm", "group_score"]
 
 
 @triton.jit
-def centroid_logits(
+def tile_logits(
     q,
     c_ptr,
     n_ptr,

@@ -9,14 +9,15 @@ a decode step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from vecstore.errors import CapacityError
 from vecstore.registry import Registry
 
-__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "rows_bytes", "shape_bytes"]
+__all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "copy_rows",
+           "shape_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,25 @@ of 100 (...) with 90 (...) in use; raise the budget
 
 @runtime_checkable
 class KVStore(Protocol):
-    """A memory tier for KV rows (GPU-resident or pinned host memory)."""
+    """A memory tier for KV rows, registered by kind in :data:`KVSTORES`.
+
+    A tier says what it is through :attr:`resident`, and a store's
+    :class:`~vecstore.kvstore.placement.Placement` builds it accordingly (see
+    :func:`make_kvstore`):
+
+    - a *resident* tier keeps a layer's rows on the layer's device. One is built per device
+      as ``cls(device, budget_gb=..., account=...)``, charging that device's
+      ``kvstore.gpu_budget_gb`` account;
+    - an *offload* tier keeps the rows of every layer in one memory of its own (on
+      :attr:`device`), read from there by the executor. One is built per store as
+      ``cls(budget_gb=...)``, under ``kvstore.pinned_budget_gb``.
+    """
+
+    resident: ClassVar[bool]
+    """Whether rows live on the layer's device (else in the tier's own memory)."""
+
+    device: torch.device
+    """Where the tier's rows live."""
 
     @property
     def account(self) -> MemoryAccount:
@@ -118,11 +137,48 @@ class KVStore(Protocol):
 
 
 KVSTORES: Registry[type] = Registry("kvstore")
+"""Tiers by kind (config key ``kvstore.kind``): ``memory`` and ``pinned``."""
 
 
-def rows_bytes(keys: torch.Tensor, values: torch.Tensor) -> int:
-    """Bytes of a key and a value tensor."""
-    return keys.numel() * keys.element_size() + values.numel() * values.element_size()
+def make_kvstore(kind: str, *, device: str | torch.device = "cpu", budget_gb: float = 0.0,
+                 account: MemoryAccount | None = None) -> KVStore:
+    """Build the tier registered as ``kind``.
+
+    Parameters
+    ----------
+    kind : str
+        A name from ``KVSTORES.names()``, as given in ``kvstore.kind``.
+    device : str | torch.device
+        Where a resident tier keeps its rows; an offload tier ignores it.
+    budget_gb : float
+        The tier's budget in GiB (0 = unbounded) when it has no ``account``.
+    account : MemoryAccount, optional
+        The account a resident tier charges (a store's per-device account); an offload
+        tier keeps an account of its own.
+
+    Raises
+    ------
+    ConfigError
+        ``kind`` is not registered; the message lists the known kinds.
+
+    Examples
+    --------
+    >>> make_kvstore("memory", device="cpu").device, make_kvstore("pinned").resident
+    (device(type='cpu'), False)
+    """
+    cls = KVSTORES.get(kind)
+    if cls.resident:
+        return cls(device, budget_gb=budget_gb, account=account)  # type: ignore[no-any-return]
+    return cls(budget_gb=budget_gb)  # type: ignore[no-any-return]
+
+
+def copy_rows(tier: KVStore, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
+    """:meth:`KVStore.store` through :meth:`KVStore.allocate`: a copy of ``keys, values`` in
+    ``tier``, never a view of the caller's tensors."""
+    rows = tier.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
+    rows.keys.copy_(keys)
+    rows.values.copy_(values)
+    return rows
 
 
 def shape_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:

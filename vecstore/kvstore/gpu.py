@@ -1,10 +1,10 @@
-"""GPU-resident tier: KV rows in device memory, read in place by the executor."""
+"""GPU-resident tier (``memory``): KV rows in the layer's device memory, read in place."""
 
 from __future__ import annotations
 
 import torch
 
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, rows_bytes, shape_bytes
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows, shape_bytes
 
 __all__ = ["GPUKVStore"]
 
@@ -33,6 +33,8 @@ class GPUKVStore:
     0
     """
 
+    resident = True
+
     def __init__(self, device: str | torch.device = "cpu", *, budget_gb: float = 0.0,
                  account: MemoryAccount | None = None) -> None:
         self.device = torch.device(device)
@@ -56,10 +58,7 @@ class GPUKVStore:
         return StoredRows(keys, values, num_bytes)
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
-        num_bytes = rows_bytes(keys, values)
-        self._account.charge(num_bytes, f"rows {tuple(keys.shape)}")
-        return StoredRows(keys.to(self.device).contiguous(), values.to(self.device).contiguous(),
-                          num_bytes)
+        return copy_rows(self, keys, values)
 
     def free(self, rows: StoredRows) -> None:
         self._account.release(rows.num_bytes)

@@ -1,4 +1,5 @@
-"""Pinned host tier: the whole KV in page-locked CPU memory, read by the GPU over PCIe.
+"""Pinned host tier (``pinned``), an offload tier: the whole KV in page-locked CPU memory,
+read by the GPU over PCIe.
 
 Page-locked memory is mapped into the GPU's address space (unified addressing), so copy
 kernels read a step's missed clusters from it directly, without a staging copy.
@@ -11,7 +12,7 @@ import mmap
 import torch
 
 from vecstore.errors import CapacityError
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, shape_bytes
+from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows, shape_bytes
 
 __all__ = ["PinnedKVStore"]
 
@@ -41,6 +42,8 @@ class PinnedKVStore:
     ...
     vecstore.errors.CapacityError: kvstore.pinned_budget_gb: rows (1, 8, 1024, 4) needs 262144 ...
     """
+
+    resident = False
 
     def __init__(self, *, budget_gb: float = 0.0) -> None:
         self._account = MemoryAccount(int(budget_gb * 2**30), "kvstore.pinned_budget_gb")
@@ -82,10 +85,7 @@ class PinnedKVStore:
         return StoredRows(out[0], out[1], num_bytes)
 
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
-        rows = self.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
-        rows.keys.copy_(keys)
-        rows.values.copy_(values)
-        return rows
+        return copy_rows(self, keys, values)
 
     def free(self, rows: StoredRows) -> None:
         if self.is_pinned:

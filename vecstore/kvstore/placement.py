@@ -1,11 +1,13 @@
 """A store's placement: which tier its indexed rows go to, and its budget accounts.
 
-``kvstore.kind = "memory"`` keeps every layer's rows on the layer's device; ``"pinned"`` puts
-them in (pinned, where CUDA is) host memory, charged to ``kvstore.pinned_budget_gb``. Either
+``kvstore.kind`` names a tier registered in :data:`~vecstore.kvstore.base.KVSTORES`; the
+placement builds it as the tier declares (:class:`~vecstore.kvstore.base.KVStore`). A
+resident tier (``memory``) keeps every layer's rows on the layer's device; an offload tier
+(``pinned``) puts them in its own memory, charged to ``kvstore.pinned_budget_gb``. Either
 way the index metadata (centroids, value sums, sizes, offsets) and the steady zone stay on
 the layer's device. ``kvstore.gpu_budget_gb`` is one :class:`MemoryAccount` per device,
-charged by rows of kind ``memory``, the index metadata and the wave buffers (block cache and
-execution buffer) built there.
+charged by the rows of a resident tier, the index metadata and the wave buffers (block
+cache and execution buffer) built there.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ import torch
 
 from vecstore.config import KVStoreConfig
 from vecstore.errors import CapacityError
-from vecstore.kvstore.base import KVStore, MemoryAccount
-from vecstore.kvstore.gpu import GPUKVStore
-from vecstore.kvstore.pinned import PinnedKVStore
+from vecstore.kvstore.base import KVSTORES, KVStore, MemoryAccount, make_kvstore
 
 __all__ = ["Placement"]
 
@@ -29,14 +29,27 @@ class Placement:
     config : KVStoreConfig
         Kind and budgets.
 
+    Attributes
+    ----------
+    kind : str
+        The configured ``kvstore.kind``.
+    offload : KVStore | None
+        The store's one tier when ``kind`` is an offload tier; ``None`` for a resident
+        kind, whose tiers are built per device by :meth:`tier`.
+
     Examples
     --------
     >>> from vecstore.config import KVStoreConfig
     >>> p = Placement(KVStoreConfig(kind="pinned", gpu_budget_gb=1.0))
-    >>> p.tier("cpu") is p.tier("cuda:0"), p.rows_device("cuda:0")
+    >>> p.tier("cpu") is p.tier("cuda:0"), p.tier("cuda:0").device
     (True, device(type='cpu'))
     >>> p.device_account("cpu").name
     'kvstore.gpu_budget_gb on cpu'
+
+    Raises
+    ------
+    ConfigError
+        ``config.kind`` names no registered tier; the message lists the known kinds.
     """
 
     def __init__(self, config: KVStoreConfig) -> None:
@@ -44,9 +57,9 @@ class Placement:
         self._gpu_bytes = int(config.gpu_budget_gb * 2**30)
         self._accounts: dict[torch.device, MemoryAccount] = {}
         self._tiers: dict[torch.device, KVStore] = {}
-        self.pinned: PinnedKVStore | None = (
-            PinnedKVStore(budget_gb=config.pinned_budget_gb) if config.kind == "pinned"
-            else None)
+        self.offload: KVStore | None = (
+            None if KVSTORES.get(config.kind).resident
+            else make_kvstore(config.kind, budget_gb=config.pinned_budget_gb))
 
     def device_account(self, device: str | torch.device) -> MemoryAccount:
         """The ``kvstore.gpu_budget_gb`` account of ``device``."""
@@ -58,18 +71,16 @@ class Placement:
         return acct
 
     def tier(self, device: str | torch.device) -> KVStore:
-        """The tier holding the rows of a layer that lives on ``device``."""
-        if self.pinned is not None:
-            return self.pinned
+        """The tier holding the rows of a layer that lives on ``device``: the offload tier,
+        or the resident tier of ``device`` (its rows on ``tier(device).device``)."""
+        if self.offload is not None:
+            return self.offload
         dev = _normal(device)
         tier = self._tiers.get(dev)
         if tier is None:
-            tier = self._tiers[dev] = GPUKVStore(dev, account=self.device_account(dev))
+            tier = self._tiers[dev] = make_kvstore(self.kind, device=dev,
+                                                   account=self.device_account(dev))
         return tier
-
-    def rows_device(self, device: str | torch.device) -> torch.device:
-        """Where the rows of a layer on ``device`` live."""
-        return torch.device("cpu") if self.pinned is not None else _normal(device)
 
     def check_fits(self, rows: list[tuple[torch.device, int]], num_sequences: int) -> None:
         """Refuse (at open) the indexed rows of ``num_sequences`` sequences, ``(device of
@@ -98,8 +109,8 @@ class Placement:
     def accounts(self) -> dict[str, MemoryAccount]:
         """Every account in use, by name."""
         out = {a.name: a for a in self._accounts.values()}
-        if self.pinned is not None:
-            out[self.pinned.account.name] = self.pinned.account
+        if self.offload is not None:
+            out[self.offload.account.name] = self.offload.account
         return out
 
     def usage(self) -> dict[str, tuple[int, int, int]]:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vecstore.errors import BackendUnavailableError, InvalidValueError
-from vecstore.kernels import _backend, sparse_decode_attention
-from vecstore.kernels._backend import resolve_backend
+from vecstore.kernels import backend
+from vecstore.kernels.backend import resolve_backend
 
 CPU = torch.device("cpu")
 
@@ -30,16 +30,9 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
 
 
 def test_triton_missing(monkeypatch):
-    monkeypatch.setattr(_backend, "has_triton", lambda: False)
+    monkeypatch.setattr(backend, "has_triton", lambda: False)
     with pytest.raises(BackendUnavailableError, match="not installed"):
-        sparse_decode_attention(
-            torch.randn(1, 2, 8),
-            torch.randn(1, 1, 4, 8),
-            torch.randn(1, 1, 4, 8),
-            torch.full((1, 1), 4),
-            0.5,
-            backend="triton",
-        )
+        resolve_backend("triton", torch.device("cuda"))
     assert resolve_backend("auto", torch.device("cuda")) == "torch"
 
 

@@ -1,4 +1,5 @@
-"""KV tiers: placement, budgets checked before allocation, peak accounting."""
+"""What the two built-in tiers do beyond the contract every tier keeps
+(``tests/contracts/test_kvstore_contract.py``): pinned pages, rows on the GPU."""
 
 from __future__ import annotations
 
@@ -7,34 +8,7 @@ import mmap
 import pytest
 import torch
 
-from vecstore.errors import CapacityError
-from vecstore.kvstore import KVSTORES, GPUKVStore, KVStore, PinnedKVStore, make_kvstore
-
-
-def test_registry_and_protocol():
-    assert set(KVSTORES.names()) >= {"memory", "pinned"}
-    for kv in (make_kvstore("memory"), make_kvstore("pinned")):
-        assert isinstance(kv, KVStore)
-
-
-@pytest.mark.parametrize("tier", [GPUKVStore, PinnedKVStore])
-def test_budget_is_checked_before_anything_is_placed(tier):
-    kv = tier(budget_gb=8192 / 2**30)  # 8 KiB
-    keys = torch.randn(1, 2, 16, 32)  # 4 KiB each for keys and values
-    rows = kv.store(keys, keys)
-    assert torch.equal(rows.keys, keys) and rows.num_bytes == 8192
-    with pytest.raises(CapacityError, match="raise the budget"):
-        kv.store(keys[:, :, :1], keys[:, :, :1])
-    assert kv.account.used_bytes == 8192
-    kv.free(rows)
-    assert kv.account.used_bytes == 0 and kv.account.peak_bytes == 8192
-    kv.store(keys, keys)
-
-
-def test_unbounded_by_default():
-    kv = PinnedKVStore()
-    kv.store(torch.zeros(1, 1, 4096, 64), torch.zeros(1, 1, 4096, 64))
-    assert kv.account.budget_bytes == 0
+from vecstore.kvstore import GPUKVStore, PinnedKVStore
 
 
 @pytest.mark.gpu

@@ -223,7 +223,8 @@ def test_reopened_store_places_rows_in_the_configured_tier(tmp_path):
 
 
 def test_unknown_kind_is_a_config_error():
-    with pytest.raises(ConfigError, match="kvstore.kind"):
+    with pytest.raises(ConfigError, match=r"unknown kvstore 'disk': available \['memory', "
+                                          r"'pinned'\]"):
         Store.open(config={"kvstore": {"kind": "disk"}})
 
 
