@@ -19,7 +19,7 @@ from attention.gqa import group_size
 from attention.prefill import prefill
 from vecstore import Sequence, Store
 from vecstore.checks import check_tensor
-from vecstore.decoder import BatchDecoder
+from vecstore.engine.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError, ShapeError
 from vecstore.types import QueryStats
 
@@ -129,7 +129,7 @@ class StoreAttention:
 
     def decoder(self, num_q_heads: int) -> BatchDecoder | None:
         """Fixed-shape decode steps of the batch for a CUDA graph of a model's whole decode
-        forward (:meth:`vecstore.store.Store.decoder`), or ``None`` when the batch does not
+        forward (:meth:`vecstore.engine.store.Store.decoder`), or ``None`` when the batch does not
         qualify now. Call it after an ordinary decode step; its steps count in
         :attr:`decode_stats`."""
         if any(layer in self._prefilled for layer in range(self.seqs[0].num_layers)):

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vecstore import errors as errors
     from vecstore.config import StoreConfig as StoreConfig
-    from vecstore.sequence import Sequence as Sequence
-    from vecstore.store import Store as Store
+    from vecstore.engine.sequence import Sequence as Sequence
+    from vecstore.engine.store import Store as Store
     from vecstore.types import QueryResult as QueryResult
     from vecstore.types import QueryStats as QueryStats
     from vecstore.types import SearchResult as SearchResult
@@ -29,7 +29,7 @@ from vecstore.version import __version__ as __version__
 __all__ = ["Config", "Store", "StoreConfig", "Sequence", "QueryResult", "QueryStats",
            "SearchResult", "errors", "__version__"]
 
-_LAZY = {"Store": "vecstore.store", "Sequence": "vecstore.sequence",
+_LAZY = {"Store": "vecstore.engine.store", "Sequence": "vecstore.engine.sequence",
          "StoreConfig": "vecstore.config", "Config": "vecstore.config",
          "QueryResult": "vecstore.types", "QueryStats": "vecstore.types",
          "SearchResult": "vecstore.types"}

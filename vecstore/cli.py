@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from vecstore.errors import VecstoreError
 
 if TYPE_CHECKING:
-    from vecstore.store import Store
+    from vecstore.engine.store import Store
 
 __all__ = ["main"]
 
@@ -95,7 +95,7 @@ def _forward(command: str, module: str, argv: list[str]) -> int:
 
 
 def _store() -> type[Store]:
-    from vecstore.store import Store
+    from vecstore.engine.store import Store
     return Store
 
 

@@ -44,7 +44,7 @@ from integrations.hf.model_stats import ModelDecodeStats, model_decode_stats
 from integrations.hf.window_cache import WindowLayer
 from vecstore import Sequence, Store, StoreConfig
 from vecstore.config import load_config
-from vecstore.decoder import BatchDecoder
+from vecstore.engine.decoder import BatchDecoder
 from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
 
 __all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]

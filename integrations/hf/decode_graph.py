@@ -3,13 +3,13 @@
 :class:`DecodeGraph` stands in for the model's ``forward`` while a
 :class:`~integrations.hf.cache.WaveCache` with ``cuda_graphs`` is open. A decode step with
 that cache (one new token per row) runs the forward over static input buffers with every
-attention layer routed to the batch's :class:`~vecstore.decoder.BatchDecoder`: device work
+attention layer routed to the batch's :class:`~vecstore.engine.decoder.BatchDecoder`: device work
 of fixed shapes, so after its first run the forward is captured once and then replayed,
 one launch per step for the whole model. What the graph cannot hold runs the model's
 forward as it is (an "ordinary" step): prefills, the first decode step after a prefill
 (it seals the prompt), the step whose token makes the tails index a segment (every
 ``attention.update_tokens`` tokens; the next step captures again), and batches the
-decoder does not serve (see :meth:`vecstore.store.Store.decoder`).
+decoder does not serve (see :meth:`vecstore.engine.store.Store.decoder`).
 
 On a CPU the same fixed-shape steps run without capture (how the tests exercise them).
 """
@@ -26,10 +26,10 @@ from typing import Any, Protocol
 import torch
 
 from integrations.hf.cache_arg import cache_kwarg
-from vecstore.decoder import BatchDecoder
+from vecstore.engine.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError
-from vecstore.tail import writing
-from vecstore.sequence import Sequence
+from vecstore.engine.tail import writing
+from vecstore.engine.sequence import Sequence
 
 __all__ = ["DecodeGraph", "GraphedCache", "graphed_forward"]
 

@@ -16,7 +16,7 @@ from integrations.hf.decode_graph import DecodeGraph
 from tests.integrations.exact_decode import exact_decode
 from tests.integrations.hf_models import generate, left_padded, tiny_model
 from tests.syncs import HostSyncs
-from vecstore.decoder import flush_due
+from vecstore.engine.decoder import flush_due
 from vecstore.errors import InvalidValueError
 from vecstore.executor.wave_exec import WaveExecutor
 

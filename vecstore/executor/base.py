@@ -29,7 +29,7 @@ class Steady:
         ``[B]`` int64 valid rows per sequence.
     persistent : bool
         Whether ``keys``, ``values`` and ``lengths`` stay where they are from step to step
-        and are updated in place (a :class:`~vecstore.tail.TailBuffer`): a captured step may
+        and are updated in place (a :class:`~vecstore.engine.tail.TailBuffer`): a captured step may
         read them there rather than from copies.
     """
 

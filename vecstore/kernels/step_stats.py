@@ -1,6 +1,6 @@
 """One kernel for the bookkeeping around a captured decode step of one layer.
 
-A fixed-shape decode step (:class:`vecstore.decoder.BatchDecoder`) adds, per layer, the
+A fixed-shape decode step (:class:`vecstore.engine.decoder.BatchDecoder`) adds, per layer, the
 step's :class:`~vecstore.types.QueryStats` fields to a device accumulator and checks its
 ``q``, keys and values for NaN/Inf. In torch that is some twenty small kernels a layer
 (gathers, sums, a log-sum-exp, roundings, a concatenation); :func:`accumulate_step` does

@@ -1,7 +1,7 @@
 """A store's directory: open or create it, read sequences' records and layers' data,
 commit a transaction's changes durably. It takes and returns records
 (:mod:`vecstore.storage.records`, :mod:`vecstore.catalog.records`); the engine builds its
-sequences from them (:mod:`vecstore.sequence_builder`).
+sequences from them (:mod:`vecstore.engine.sequence_builder`).
 
 A commit first writes every new segment as a new immutable file (temporary name,
 fsync, rename, fsync of the directory), then records files, segments, clusters and

@@ -11,9 +11,9 @@ from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import MemoryAccount, shape_bytes
 from vecstore.kvstore.placement import Placement
-from vecstore.layer_state import LayerState
-from vecstore.sequence import Sequence
-from vecstore.shared_tail import gather, holds
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.shared_tail import gather, holds
 
 __all__ = ["BatchViews", "stack_steady", "empty_view"]
 
@@ -27,7 +27,7 @@ class BatchViews:
     the device's ``kvstore.gpu_budget_gb``) and returned when it is replaced or cleared;
     when they do not fit, :meth:`view` raises :class:`~vecstore.errors.CapacityError` and
     builds nothing. When every row is equally long and sits in device memory, the sequences
-    then read their rows from the stack (:meth:`vecstore.layer_state.LayerState.share_rows`,
+    then read their rows from the stack (:meth:`vecstore.engine.layer_state.LayerState.share_rows`,
     which keeps their own charge), so the batch holds one copy of its rows and the stack's
     charge for them is returned at once. Stacked views replaced or cleared are handed
     out by :meth:`take_retired` (so an executor can free what it prepared for them).
@@ -145,7 +145,7 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     """The steady zones of ``layer`` of ``seqs``, zero-padded to ``[B, Hkv, S, D]``.
 
     Never waits for the device: rows whose sinks are full and whose tails are equally long
-    share a :class:`~vecstore.tail.TailBuffer` (gathered into one at their first query),
+    share a :class:`~vecstore.engine.tail.TailBuffer` (gathered into one at their first query),
     which is the steady zone as it is (``S`` is its capacity, the lengths say how much is
     filled, ``persistent``); other rows are zero-padded, their lengths copied from (pinned)
     host memory, asynchronously.

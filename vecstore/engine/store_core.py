@@ -14,19 +14,19 @@ from vecstore.errors import ReadOnlyError, StoreClosedError
 from vecstore.executor.base import Executor, build_executor
 from vecstore.index.base import Index
 from vecstore.kvstore.placement import Placement
-from vecstore.layer_indexes import LayerIndexes
-from vecstore.query_engine import QueryEngine
-from vecstore.sequence import Sequence
-from vecstore.sequence_builder import SequenceBuilder
+from vecstore.engine.layer_indexes import LayerIndexes
+from vecstore.engine.query_engine import QueryEngine
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.sequence_builder import SequenceBuilder
 from vecstore.storage.persistence import Persistence
-from vecstore.transaction import Transaction
-from vecstore.writer import Writer
+from vecstore.engine.transaction import Transaction
+from vecstore.engine.writer import Writer
 
 __all__ = ["StoreCore"]
 
 
 class StoreCore:
-    """The components of a :class:`~vecstore.store.Store` and its lifecycle and
+    """The components of a :class:`~vecstore.engine.store.Store` and its lifecycle and
     transactions; the store's data path and catalog of sequences build on it."""
 
     def __init__(self, config: StoreConfig, path: Path | None = None, *,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vecstore.layer_indexes import LayerIndexes
-from vecstore.layer_mark import LayerMark
-from vecstore.layer_state import LayerState
-from vecstore.sequence import Sequence
+from vecstore.engine.layer_indexes import LayerIndexes
+from vecstore.engine.layer_mark import LayerMark
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.sequence import Sequence
 from vecstore.storage.records import Changes, LayerWrite, NewSequenceSpec, SequenceEvent
 
 __all__ = ["Transaction"]

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from vecstore.decoder import BatchDecoder
-from vecstore.sequence import Sequence
-from vecstore.store_core import StoreCore
+from vecstore.engine.decoder import BatchDecoder
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.store_core import StoreCore
 from vecstore.types import QueryResult
 
 __all__ = ["StoreData"]
 
 
 class StoreData(StoreCore):
-    """The data path of a :class:`~vecstore.store.Store`: each call checks its arguments
+    """The data path of a :class:`~vecstore.engine.store.Store`: each call checks its arguments
     once, then runs in one transaction (writes) or one executor call (queries)."""
 
     def append_tokens(self, seq: Sequence, layer: int, keys: torch.Tensor,
@@ -138,7 +138,7 @@ class StoreData(StoreCore):
 
     def decoder(self, seqs: list[Sequence], num_q_heads: int) -> BatchDecoder | None:
         """Fixed-shape decode steps of ``seqs`` over every layer, for one CUDA graph of a
-        model's whole decode forward (:class:`~vecstore.decoder.BatchDecoder`), or ``None``
+        model's whole decode forward (:class:`~vecstore.engine.decoder.BatchDecoder`), or ``None``
         when the batch does not qualify: the store is persisted (each step commits its
         tail), the executor is not the fused ``wave`` one or cannot run a layer, the rows'
         tails are not equally long behind full sinks (:meth:`seal` equalizes tails), or

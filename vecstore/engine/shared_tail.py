@@ -1,4 +1,4 @@
-"""The layers of a batch's rows sharing one :class:`~vecstore.tail.TailBuffer`: gathering
+"""The layers of a batch's rows sharing one :class:`~vecstore.engine.tail.TailBuffer`: gathering
 their steady zones into it, checking that they still read from it, and appending a decode
 step's tokens to all of them with two copies."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from vecstore.layer_state import LayerState
-from vecstore.tail import TailBuffer, writing
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.tail import TailBuffer, writing
 
 __all__ = ["append_tails", "extend", "gather", "holds"]
 

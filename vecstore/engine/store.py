@@ -12,11 +12,11 @@ from vecstore.checks import check_device, check_new_sequence
 from vecstore.config import StoreConfig, load_config
 from vecstore.errors import AlreadyExistsError, InvalidValueError, NotFoundError, ReadOnlyError
 from vecstore.plugins import check_plugins
-from vecstore.sequence import Sequence
+from vecstore.engine.sequence import Sequence
 from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.verify import VerifyReport, verify_store
-from vecstore.store_data import StoreData
+from vecstore.engine.store_data import StoreData
 
 __all__ = ["Store"]
 
@@ -27,8 +27,8 @@ class Store(StoreData):
     Open with :meth:`Store.open`: ``path=None`` gives an in-memory store, a directory
     path a persistent one (see ``docs/persistence.md``). This class holds opening, the
     sequences and maintenance; the data path (appends, queries) comes from
-    :class:`~vecstore.store_data.StoreData`, the lifecycle and transactions from
-    :class:`~vecstore.store_core.StoreCore`.
+    :class:`~vecstore.engine.store_data.StoreData`, the lifecycle and transactions from
+    :class:`~vecstore.engine.store_core.StoreCore`.
 
     Examples
     --------

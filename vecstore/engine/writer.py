@@ -6,16 +6,16 @@ import torch
 
 from vecstore.checks import check_all_finite, check_tensor
 from vecstore.errors import ShapeError
-from vecstore.query_engine import QueryEngine
-from vecstore.sequence import Sequence
-from vecstore.shared_tail import append_tails
-from vecstore.transaction import Transaction
+from vecstore.engine.query_engine import QueryEngine
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.shared_tail import append_tails
+from vecstore.engine.transaction import Transaction
 
 __all__ = ["Writer"]
 
 
 class Writer:
-    """Appends tokens to the sequences of one :class:`~vecstore.store.Store`.
+    """Appends tokens to the sequences of one :class:`~vecstore.engine.store.Store`.
 
     Each call runs inside a transaction of the store, given to it: the layers it changes
     are touched in it first, so a rollback restores them. Index views the appends replace
@@ -43,7 +43,7 @@ class Writer:
 
     def append(self, txn: Transaction, seq: Sequence, layer: int, keys: torch.Tensor,
                values: torch.Tensor, *, whole_segments: bool = False) -> None:
-        """:meth:`Store.append_tokens <vecstore.store.Store.append_tokens>`."""
+        """:meth:`Store.append_tokens <vecstore.engine.store.Store.append_tokens>`."""
         txn.touch(seq, layer)
         state = seq.layers[layer]
         try:
@@ -55,13 +55,13 @@ class Writer:
                      keys: torch.Tensor, values: torch.Tensor, *,
                      whole_segments: bool = False) -> None:
         """Append the arguments :meth:`check_batch` returned
-        (:meth:`Store.append_batch <vecstore.store.Store.append_batch>`)."""
+        (:meth:`Store.append_batch <vecstore.engine.store.Store.append_batch>`)."""
         states = [seq.layers[layer] for seq in seqs]
         a = states[0].config.attention
         for seq in seqs:
             txn.touch(seq, layer)
         try:
-            # a decode step of equal tails: two copies for the batch (vecstore.shared_tail)
+            # a decode step of equal tails: two copies for the batch (vecstore.engine.shared_tail)
             if whole_segments or not append_tails(states, keys, values, a.window_tokens,
                                                   a.update_tokens, a.sink_tokens):
                 for b, state in enumerate(states):
@@ -70,7 +70,7 @@ class Writer:
             self._queries.retire_replaced(states)
 
     def seal(self, txn: Transaction, seqs: list[Sequence], layer: int) -> None:
-        """:meth:`Store.seal <vecstore.store.Store.seal>`; ``seqs`` checked
+        """:meth:`Store.seal <vecstore.engine.store.Store.seal>`; ``seqs`` checked
         (:meth:`QueryEngine.check_seqs`)."""
         states = [seq.layers[layer] for seq in seqs]
         try:

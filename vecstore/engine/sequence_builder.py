@@ -9,10 +9,10 @@ import torch
 
 from vecstore.config import StoreConfig
 from vecstore.kvstore.placement import Placement
-from vecstore.layer_indexes import LayerIndexes
-from vecstore.layer_state import LayerState
-from vecstore.lazy_layer import LazyLayer
-from vecstore.sequence import Sequence, SequenceOwner
+from vecstore.engine.layer_indexes import LayerIndexes
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.lazy_layer import LazyLayer
+from vecstore.engine.sequence import Sequence, SequenceOwner
 from vecstore.storage.persistence import Persistence
 
 __all__ = ["SequenceBuilder"]

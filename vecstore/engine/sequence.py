@@ -16,7 +16,7 @@ from vecstore.checks import (
 from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
-from vecstore.layer_state import LayerState
+from vecstore.engine.layer_state import LayerState
 from vecstore.types import QueryResult, SearchResult
 
 __all__ = ["Sequence", "SequenceOwner"]
@@ -144,7 +144,7 @@ class Sequence:
             ``False``: the caller checked them already).
         whole_segments : bool
             A prefill chunk: index only whole ``index.segment_tokens`` segments
-            (:meth:`vecstore.layer_state.LayerState.append`).
+            (:meth:`vecstore.engine.layer_state.LayerState.append`).
 
         Raises
         ------

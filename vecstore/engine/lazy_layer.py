@@ -11,7 +11,7 @@ import torch
 from vecstore.config import StoreConfig
 from vecstore.index.base import Index
 from vecstore.kvstore.placement import Placement
-from vecstore.layer_state import LayerState
+from vecstore.engine.layer_state import LayerState
 from vecstore.storage.records import LoadedLayer
 
 __all__ = ["LazyLayer"]

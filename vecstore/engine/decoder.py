@@ -1,7 +1,7 @@
 """A batch's decode steps as fixed-shape device work that one CUDA graph can capture.
 
 A :class:`BatchDecoder` serves every layer of a batch of in-memory sequences whose steady
-zones share :class:`~vecstore.tail.TailBuffer` s of equal tails. Per layer and step,
+zones share :class:`~vecstore.engine.tail.TailBuffer` s of equal tails. Per layer and step,
 :meth:`BatchDecoder.attend` writes the new token's key and value into the buffer at a
 column read from a device tensor, then runs the executor's fused step over the prepared
 stacked view and the buffer (fixed capacity, lengths on the device), and adds the step's
@@ -25,10 +25,10 @@ from vecstore.executor.base import Steady
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.executor.wave_state import PreparedView, step_stats
 from vecstore.kernels.backend import resolve_backend
-from vecstore.layer_state import LayerState
-from vecstore.sequence import Sequence
-from vecstore.shared_tail import extend
-from vecstore.tail import TailBuffer, writing
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.shared_tail import extend
+from vecstore.engine.tail import TailBuffer, writing
 
 __all__ = ["BatchDecoder", "LayerStep", "flush_due"]
 
@@ -52,7 +52,7 @@ class LayerStep:
 
 
 class BatchDecoder:
-    """Fixed-shape decode steps of ``seqs`` (built by :meth:`vecstore.store.Store.decoder`).
+    """Fixed-shape decode steps of ``seqs`` (built by :meth:`vecstore.engine.store.Store.decoder`).
 
     Parameters
     ----------

@@ -7,26 +7,26 @@ from collections.abc import Iterable
 
 import torch
 
-from vecstore.batch import BatchViews, stack_steady
+from vecstore.engine.batch import BatchViews, stack_steady
 from vecstore.buffer.budget import charging
 from vecstore.checks import check_finite, check_index, check_tensor
 from vecstore.config import StoreConfig
-from vecstore.decoder import BatchDecoder, LayerStep, flush_due
+from vecstore.engine.decoder import BatchDecoder, LayerStep, flush_due
 from vecstore.errors import CapacityError, InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Executor
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.index.base import IndexView
 from vecstore.kvstore.placement import Placement
-from vecstore.layer_indexes import LayerIndexes
-from vecstore.layer_state import LayerState
-from vecstore.sequence import Sequence, SequenceOwner
+from vecstore.engine.layer_indexes import LayerIndexes
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.sequence import Sequence, SequenceOwner
 from vecstore.types import QueryResult, QueryStats
 
 __all__ = ["QueryEngine"]
 
 
 class QueryEngine:
-    """Validates and runs the queries of one :class:`~vecstore.store.Store`.
+    """Validates and runs the queries of one :class:`~vecstore.engine.store.Store`.
 
     It stacks a batch's views (one stacked view kept per layer and charged to the budgets;
     the executor frees what it prepared for a view once it is replaced) and runs a
@@ -61,7 +61,7 @@ class QueryEngine:
 
     def check(self, seqs: list[Sequence], layer: int, q: object, scale: float | None, *,
               finite: bool = True, grouped: bool = True) -> tuple[torch.Tensor, float]:
-        """:meth:`Store.check_query <vecstore.store.Store.check_query>`."""
+        """:meth:`Store.check_query <vecstore.engine.store.Store.check_query>`."""
         self.check_seqs(seqs, layer, stored=True)
         first = seqs[0]
         H, D = first.num_kv_heads, first.head_dim
@@ -155,7 +155,7 @@ class QueryEngine:
         return QueryResult(out=out, lse=lse, stats=stats)
 
     def decoder(self, seqs: list[Sequence], num_q_heads: int) -> BatchDecoder | None:
-        """:meth:`Store.decoder <vecstore.store.Store.decoder>`."""
+        """:meth:`Store.decoder <vecstore.engine.store.Store.decoder>`."""
         self.check_seqs(seqs, 0, stored=True)
         executor = self._executor
         if self._persistent or not isinstance(executor, WaveExecutor):

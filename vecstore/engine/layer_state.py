@@ -9,9 +9,9 @@ from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import StoredRows
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
-from vecstore.layer_image import LayerImage, place_segments
-from vecstore.layer_mark import LayerMark
-from vecstore.tail import TailBuffer
+from vecstore.engine.layer_image import LayerImage, place_segments
+from vecstore.engine.layer_mark import LayerMark
+from vecstore.engine.tail import TailBuffer
 
 __all__ = ["LayerState"]
 
@@ -52,7 +52,7 @@ class LayerState:
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.version = 0  # bumped whenever segments change
         self._indexed = (0, 0)  # (version, tokens in segments) of the last count
-        self.tail_buffer: TailBuffer | None = None  # shared with a batch (vecstore.shared_tail)
+        self.tail_buffer: TailBuffer | None = None  # shared with a batch (vecstore.engine.shared_tail)
         self._view: IndexView | None = None
         self._image: LayerImage | None = None
         self._retired: list[IndexView] = []
@@ -95,7 +95,7 @@ class LayerState:
 
     def read_tail_from(self, buf: TailBuffer, row: int, n: int) -> None:
         """Make the pending tail the first ``n`` tail tokens of ``row`` of ``buf``
-        (:mod:`vecstore.shared_tail`), which the layer reads its tail from from now on."""
+        (:mod:`vecstore.engine.shared_tail`), which the layer reads its tail from from now on."""
         self.tail_buffer = buf
         self.pending_keys, self.pending_values = buf.row(row, n)
 
@@ -218,7 +218,7 @@ class LayerState:
         copy go; returns whether it did.
 
         ``keys, values`` are ``[Hkv, N, D]`` contiguous tensors holding exactly the layer's
-        rows (a batch row of a stacked view, :class:`vecstore.batch.BatchViews`), so a
+        rows (a batch row of a stacked view, :class:`vecstore.engine.batch.BatchViews`), so a
         batch decodes from one copy of its KV instead of two. The segments and the view
         are rebuilt over them with the same metadata, the budget charge moves over, and
         ``version`` stays (the contents did not change). Only rows placed in device memory
