@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from vecstore import Store, StoreConfig
 from vecstore.errors import ConfigError
@@ -18,6 +19,23 @@ def test_wave_executor_takes_the_configured_block_cache():
         ex = store._executor
         assert isinstance(ex, WaveExecutor)
         assert (ex.cache_policy, ex.cache_capacity, ex.device) == ("fifo", 0.1, "cpu")
+
+
+def test_wave_buffers_charge_the_stores_gpu_account():
+    # the store builds its executor with its accounts; a buffer the executor builds for an
+    # offloaded view (simulated on the CPU) charges the account of its device first
+    config = {"executor": {"kind": "wave"}, "index": {"segment_tokens": 256},
+              "attention": {"sink_tokens": 4, "window_tokens": 16, "update_tokens": 64}}
+    with Store.open(config=config) as store:
+        assert store._executor.accounts == store.placement.device_account
+        seq = store.create("s", num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+        seq.append(0, torch.randn(2, 600, 8), torch.randn(2, 600, 8))
+        account = store.placement.device_account(torch.device("cpu"))
+        before = account.used_bytes
+        ex = WaveExecutor(simulate_offload=True, accounts=store.placement.device_account)
+        prep = ex.prepare(seq.view(0), store.config.for_layer(0), store.index_for(0))
+        assert prep.buffer is not None
+        assert account.used_bytes == before + prep.buffer.num_bytes
 
 
 def test_executor_without_from_config_gets_the_device():

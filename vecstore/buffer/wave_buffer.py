@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
-from vecstore.buffer.budget import account_for
 from vecstore.kernels.exec_layout import ExecLayout
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore.base import MemoryAccount
@@ -86,9 +85,8 @@ class WaveBuffer:
     policy : str
         Replacement policy name (:data:`vecstore.cache.POLICIES`).
     account : MemoryAccount, optional
-        GPU budget charged for the cache and buffers; checked before allocating. Without
-        one, the account of the enclosing :func:`vecstore.buffer.budget.charging` block
-        (the store's ``kvstore.gpu_budget_gb`` for ``device``), if any.
+        GPU budget charged for the cache and buffers (a store's ``kvstore.gpu_budget_gb``
+        for ``device``); checked before allocating.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, *, num_clusters: int,
@@ -103,8 +101,6 @@ class WaveBuffer:
         row_bytes = 2 * dim * keys.element_size()
         self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
                                  + 4 * (num_clusters + 3 + 2 * (num_slots + 1) + 5 * r_max))
-        if account is None:
-            account = account_for(device)
         if account is not None:  # before allocating: a clear error, not an OOM
             account.charge(self.num_bytes, f"a wave buffer (block cache of {num_slots} slots "
                            f"x {slot_tokens} rows and execution buffer of {exec_rows} rows, "

@@ -8,7 +8,6 @@ from collections.abc import Iterable
 import torch
 
 from vecstore.engine.batch import BatchViews, stack_steady
-from vecstore.buffer.budget import charging
 from vecstore.checks import check_finite, check_index, check_tensor
 from vecstore.config import StoreConfig
 from vecstore.engine.decoder import BatchDecoder, LayerStep, flush_due
@@ -121,10 +120,8 @@ class QueryEngine:
         finally:
             self.retire_replaced([s.layers[layer] for s in seqs])
         steady = stack_steady(seqs, layer)
-        # wave buffers an executor builds here charge kvstore.gpu_budget_gb up front
-        with charging(self._placement.device_account):
-            out, lse, stats = self._executor.run(self._indexes.index(layer), view, steady, q,
-                                                 scale, self._config.for_layer(layer))
+        out, lse, stats = self._executor.run(self._indexes.index(layer), view, steady, q,
+                                             scale, self._config.for_layer(layer))
         return QueryResult(out=out, lse=lse, stats=stats)
 
     def _run_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
@@ -186,8 +183,7 @@ class QueryEngine:
             if not executor.can_run(index, view, q, config):
                 return None
             assert view is not None and states[0].tail_buffer is not None
-            with charging(self._placement.device_account):
-                prep = executor.prepare(view, config, index)
+            prep = executor.prepare(view, config, index)
             layers.append(LayerStep(states, states[0].tail_buffer, prep))
         return BatchDecoder(executor, seqs, layers, n, a.window_tokens, a.update_tokens)
 

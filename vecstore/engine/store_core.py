@@ -35,12 +35,13 @@ class StoreCore:
         self.path = path
         self._seqs: dict[str, Sequence] = {}
         self._indexes = LayerIndexes(config)
-        self._executor: Executor = build_executor(config)
         self._lock = threading.RLock()
         self._closed = False
         self._persistence = persistence
         self._txn: Transaction | None = None
         self.placement = Placement(config.kvstore)
+        # wave buffers the executor builds charge kvstore.gpu_budget_gb up front
+        self._executor: Executor = build_executor(config, self.placement.device_account)
         self._queries = QueryEngine(self, self._executor, config, self.placement, self._indexes,
                                     persistent=path is not None)
         self._writer = Writer(self._queries)

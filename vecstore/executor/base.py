@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -11,6 +12,7 @@ from vecstore.cache.base import POLICIES
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels.backend import has_triton
+from vecstore.kvstore.base import MemoryAccount
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 
@@ -90,11 +92,14 @@ def resolve_kind(kind: str, device: str) -> str:
     return "wave" if device.startswith("cuda") and has_triton() else "torch"
 
 
-def build_executor(config: StoreConfig) -> Executor:
+def build_executor(config: StoreConfig,
+                   accounts: Callable[[torch.device], MemoryAccount] | None = None) -> Executor:
     """The executor a store of ``config`` queries with: ``executor.kind`` (resolved by
     :func:`resolve_kind`) on ``executor.device``. A registered class with a
-    ``from_config(config)`` classmethod builds itself from the whole configuration (the wave
-    executor takes its block cache's policy and size from ``cache``).
+    ``from_config(config, accounts)`` classmethod builds itself from the whole configuration
+    (the wave executor takes its block cache's policy and size from ``cache``, and charges
+    the wave buffers it builds to ``accounts(device)``: the store's
+    ``kvstore.gpu_budget_gb`` account of that device).
 
     Raises
     ------
@@ -111,5 +116,5 @@ def build_executor(config: StoreConfig) -> Executor:
     cls = EXECUTORS.get(resolve_kind(config.executor.kind, config.executor.device))
     from_config = getattr(cls, "from_config", None)
     if from_config is not None:
-        return from_config(config)
+        return from_config(config, accounts)
     return cls(device=config.executor.device)

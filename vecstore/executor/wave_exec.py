@@ -19,6 +19,7 @@ whose plan this executor reproduces: same zones (ties broken by cluster id), sam
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -33,6 +34,7 @@ from vecstore.executor.wave_step import decode_step
 from vecstore.executor.wave_streams import StreamPool
 from vecstore.index.base import EstimatingIndex, Index, IndexView
 from vecstore.kernels.backend import Backend, is_interpreted, resolve_backend
+from vecstore.kvstore.base import MemoryAccount
 from vecstore.types import QueryStats
 
 __all__ = ["WaveExecutor"]
@@ -87,7 +89,8 @@ class WaveExecutor:
     def __init__(self, device: str = "cpu", *, backend: Backend = "auto",
                  score_dtype: torch.dtype | None = torch.int8, cache_policy: str = "lru",
                  cache_capacity: float = 0.05, slot_tokens: int = 32,
-                 simulate_offload: bool = False, use_graphs: bool = True) -> None:
+                 simulate_offload: bool = False, use_graphs: bool = True,
+                 accounts: Callable[[torch.device], MemoryAccount] | None = None) -> None:
         if score_dtype not in _SCORE_DTYPES:
             raise ConfigError(f"score_dtype must be one of "
                               f"{', '.join(str(d) for d in _SCORE_DTYPES[1:])} or None, "
@@ -100,17 +103,20 @@ class WaveExecutor:
         self.slot_tokens = slot_tokens
         self.simulate_offload = simulate_offload
         self.use_graphs = use_graphs
+        self.accounts = accounts
         self._streams = StreamPool()
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
 
     @classmethod
-    def from_config(cls, config: StoreConfig) -> WaveExecutor:
-        """The executor a store of ``config`` uses: ``executor.device``, and the block
-        cache's ``cache.policy`` and ``cache.capacity``."""
+    def from_config(cls, config: StoreConfig,
+                    accounts: Callable[[torch.device], MemoryAccount] | None = None,
+                    ) -> WaveExecutor:
+        """The executor a store of ``config`` uses: ``executor.device``, the block
+        cache's ``cache.policy`` and ``cache.capacity``, and the store's GPU ``accounts``."""
         return cls(config.executor.device, cache_policy=config.cache.policy,
-                   cache_capacity=config.cache.capacity)
+                   cache_capacity=config.cache.capacity, accounts=accounts)
 
     # -- Executor protocol ---------------------------------------------------------------
     def run(
@@ -167,7 +173,8 @@ class WaveExecutor:
         summary = cast(EstimatingIndex, index).summarize(view)
         prep = prepare_view(view, summary, layer, index, score_dtype=self.score_dtype,
                             offload=self.simulate_offload, cache_policy=self.cache_policy,
-                            cache_capacity=self.cache_capacity, slot_tokens=self.slot_tokens)
+                            cache_capacity=self.cache_capacity, slot_tokens=self.slot_tokens,
+                            accounts=self.accounts)
         self._prepared[key] = prep
         while len(self._prepared) > _MAX_PREPARED:
             _, old = self._prepared.popitem(last=False)

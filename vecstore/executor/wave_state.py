@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ from vecstore.executor.plan import zone_sizes
 from vecstore.executor.sq8 import quantize
 from vecstore.index.base import Index, IndexView, UnitSummary
 from vecstore.kernels.zones import Zones
+from vecstore.kvstore.base import MemoryAccount
 
 __all__ = ["PreparedView", "DecodeResult", "CapturedStep", "step_stats", "prepare_view"]
 
@@ -136,7 +138,9 @@ def step_stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H:
 
 def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, index: Index, *,
                  score_dtype: torch.dtype | None, offload: bool, cache_policy: str,
-                 cache_capacity: float, slot_tokens: int) -> PreparedView:
+                 cache_capacity: float, slot_tokens: int,
+                 accounts: Callable[[torch.device], MemoryAccount] | None = None,
+                 ) -> PreparedView:
     """The decode-ready form of ``view`` (its units summarized by ``index`` as ``summary``)
     for ``layer``'s budgets: per-row zone sizes, value means, centroids in ``score_dtype``
     (int8 codes and their scales for ``torch.int8``, the KV dtype for ``None``), and a
@@ -170,7 +174,8 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
         buffer = WaveBuffer(
             keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
             num_slots=max(1, math.ceil(cache_capacity * C)),
-            slot_tokens=slot_tokens, device=dev, policy=cache_policy)
+            slot_tokens=slot_tokens, device=dev, policy=cache_policy,
+            account=None if accounts is None else accounts(dev))
     weight = float(summary.radius_weight)
     radii = (summary.radii.reshape(rows, C).to(dev, torch.float32).contiguous()
              if weight else None)

@@ -232,18 +232,24 @@ def test_unknown_kind_is_a_config_error():
 class _BufferedExecutor(TorchExecutor):
     """The reference, plus a wave buffer per view built the way WaveExecutor builds one."""
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", accounts=None) -> None:
         super().__init__(device)
+        self.accounts = accounts
         self.buffers: dict[int, WaveBuffer] = {}
         self.retired: list[int] = []
+
+    @classmethod
+    def from_config(cls, config, accounts=None):
+        return cls(config.executor.device, accounts)
 
     def run(self, index, view, steady, q, scale, layer):
         if view is not None and id(view) not in self.buffers:
             B, Hk, C = view.sizes.shape
             keys = view.keys.reshape(B * Hk, -1, view.keys.shape[-1])
+            dev = torch.device("cpu")
             self.buffers[id(view)] = WaveBuffer(
                 keys, keys, num_clusters=C, r_max=4, exec_rows=64, num_slots=4, slot_tokens=8,
-                device=torch.device("cpu"))
+                device=dev, account=self.accounts(dev))
         return super().run(index, view, steady, q, scale, layer)
 
     def release_view(self, view) -> None:
