@@ -88,7 +88,7 @@ def observe(path: Path, *, verify: bool) -> Model:
     with Store.open(path, read_only=True) as store:
         if verify:
             report = store.verify(raise_on_error=False)
-            assert report.ok, report.problems
+            assert report.ok, (report.problems, report.lost)
         state = {}
         for name in store.sequences():
             seq = store.sequence(name)
