@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from vecstore.catalog.engine import make_engine, sql_errors
+from vecstore.catalog.connections import make_engine, sql_errors
 from vecstore.catalog.records import (
     ChunkRecord,
     Commit,

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from vecstore.catalog.engine import sql_errors
+from vecstore.catalog.connections import sql_errors
 from vecstore.catalog.schema import (
     ClusterRow,
     FileRow,

@@ -10,7 +10,7 @@ import torch
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from vecstore.catalog.engine import sql_errors
+from vecstore.catalog.connections import sql_errors
 from vecstore.catalog.records import ChunkRecord, FileRecord
 from vecstore.catalog.schema import (
     ClusterRow,
