@@ -10,7 +10,7 @@ import torch
 from hypothesis import settings
 
 from vecstore import Store
-from vecstore.cache import POLICIES
+from vecstore.policies import POLICIES
 from vecstore.cluster import CLUSTERERS
 from vecstore.executor import EXECUTORS
 from vecstore.index import INDEXES

@@ -32,7 +32,7 @@ LAYERS: dict[str, float] = {
     "vecstore.index": 2,
     "vecstore.cluster": 2,
     "vecstore.kvstore": 2,
-    "vecstore.cache": 2,
+    "vecstore.policies": 2,
     "vecstore.catalog": 2,
     # what builds on components: wave buffers, on-disk storage
     "vecstore.buffer": 3,

@@ -139,7 +139,7 @@ class CacheConfig:
     ----------
     policy : str
         Replacement policy: ``lru`` (default), ``fifo``, ``lfu``, ``clock`` and others
-        registered in :data:`vecstore.cache.POLICIES`.
+        registered in :data:`vecstore.policies.POLICIES`.
     capacity : float
         Cache size as a fraction of a layer's clusters (0.05, the reference's default).
     """

@@ -3,7 +3,7 @@ anything is built or written."""
 
 from __future__ import annotations
 
-from vecstore.cache import POLICIES
+from vecstore.policies import POLICIES
 from vecstore.cluster import CLUSTERERS
 from vecstore.config import StoreConfig
 from vecstore.executor import EXECUTORS

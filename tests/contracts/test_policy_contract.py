@@ -1,4 +1,4 @@
-"""The :class:`~vecstore.cache.CachePolicy` contract, for every policy in ``POLICIES``.
+"""The :class:`~vecstore.policies.CachePolicy` contract, for every policy in ``POLICIES``.
 
 A policy registered later is checked here with no edit. Besides random operations against
 the contract (``policy_driver.py``), each policy is driven the two ways a block cache drives
@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.vecstore.cache.policy_driver import STATEFUL, machine
-from vecstore.cache import POLICIES, CachePolicy, make_policy
+from tests.vecstore.policies.policy_driver import STATEFUL, machine
+from vecstore.policies import POLICIES, CachePolicy, make_policy
 from vecstore.errors import CapacityError, InvalidValueError
 
 NAMES = POLICIES.names()

@@ -1,7 +1,7 @@
 """Replacement-policy bookkeeping of the GPU block cache, on a CPU worker thread.
 
 The GPU decides hits and misses from its slot table and gives each admitted miss the next
-usable slot of a *victim list*. This module keeps one :class:`~vecstore.cache.CachePolicy`
+usable slot of a *victim list*. This module keeps one :class:`~vecstore.policies.CachePolicy`
 per (sequence, KV head) row in step with what the GPU did (hits are touched, evicted
 clusters discarded, admitted ones admitted) and publishes a fresh victim list: free slots
 first, then resident slots in the policy's eviction order. All of it runs on a worker
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vecstore.buffer.recency import RECENCY, RecencyOrder
-from vecstore.cache import CachePolicy, make_policy
+from vecstore.policies import CachePolicy, make_policy
 
 __all__ = ["StepRecord", "PolicyBookkeeper"]
 
@@ -63,7 +63,7 @@ class PolicyBookkeeper:
     num_slots : int
         Slots per row.
     policy : str
-        A name from :data:`vecstore.cache.POLICIES`.
+        A name from :data:`vecstore.policies.POLICIES`.
     executor : concurrent.futures.Executor, optional
         Where records are applied; by default a one-thread pool owned by this object.
 

@@ -3,8 +3,8 @@
 A row's victim list is its slots from the one to evict first to the last: free slots (never
 admitted) first, in slot order, then the others by last use (LRU: an admission or a hit) or
 by admission (FIFO). A step moves the slots it used to the end, in the order the step used
-them, and leaves the rest in place: what :class:`~vecstore.cache.LRUPolicy` and
-:class:`~vecstore.cache.FIFOPolicy` fed the same record cluster by cluster would publish, at
+them, and leaves the rest in place: what :class:`~vecstore.policies.LRUPolicy` and
+:class:`~vecstore.policies.FIFOPolicy` fed the same record cluster by cluster would publish, at
 the cost of one compiled pass over every row's slots instead of a Python call per retrieved
 cluster. The pass releases the GIL, so the policy worker does not hold up the thread that
 launches the decode steps.

@@ -83,7 +83,7 @@ class WaveBuffer:
     device : torch.device
         The GPU (or ``cpu`` for simulated tiers in tests).
     policy : str
-        Replacement policy name (:data:`vecstore.cache.POLICIES`).
+        Replacement policy name (:data:`vecstore.policies.POLICIES`).
     account : MemoryAccount, optional
         GPU budget charged for the cache and buffers (a store's ``kvstore.gpu_budget_gb``
         for ``device``); checked before allocating.

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from vecstore.cache.base import POLICIES
+from vecstore.policies.base import POLICIES
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels.backend import has_triton

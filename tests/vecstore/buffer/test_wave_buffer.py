@@ -7,7 +7,7 @@ import torch
 
 from tests.interpreter import interpreted, request_interpreter
 from vecstore.buffer import PolicyBookkeeper, StepRecord, WaveBuffer
-from vecstore.cache import POLICIES
+from vecstore.policies import POLICIES
 from vecstore.errors import CapacityError
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore import MemoryAccount

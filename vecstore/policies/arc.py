@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable
 from itertools import chain
 
-from vecstore.cache.base import (
+from vecstore.policies.base import (
     POLICIES,
     check_absent,
     check_capacity,

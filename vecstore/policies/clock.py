@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Hashable
 
-from vecstore.cache.base import (
+from vecstore.policies.base import (
     POLICIES,
     check_absent,
     check_capacity,

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.vecstore.cache.policy_driver import NUM_KEYS, STATEFUL, Driver, machine
-from tests.vecstore.cache.policy_models import (
+from tests.vecstore.policies.policy_driver import NUM_KEYS, STATEFUL, Driver, machine
+from tests.vecstore.policies.policy_models import (
     RefARC,
     RefClock,
     RefFIFO,
@@ -22,7 +22,7 @@ from tests.vecstore.cache.policy_models import (
     RefLRU,
     RefS3FIFO,
 )
-from vecstore.cache import POLICIES, make_policy
+from vecstore.policies import POLICIES, make_policy
 from vecstore.errors import ConfigError
 
 REFERENCES = [("lru", RefLRU), ("fifo", RefFIFO), ("lfu", RefLFU), ("clock", RefClock),

@@ -1,5 +1,5 @@
 """Drives a replacement policy through admits, hits and discards, checking the
-:class:`~vecstore.cache.CachePolicy` contract at every step and, if given, a reference model
+:class:`~vecstore.policies.CachePolicy` contract at every step and, if given, a reference model
 (``policy_models.py``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from vecstore.cache import make_policy
+from vecstore.policies import make_policy
 from vecstore.errors import CapacityError, InvalidValueError, NotFoundError
 
 STATEFUL = settings(max_examples=40, stateful_step_count=40, deadline=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from vecstore.cache.base import POLICIES, QueuePolicy
+from vecstore.policies.base import POLICIES, QueuePolicy
 
 __all__ = ["LRUPolicy"]
 
