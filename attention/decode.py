@@ -52,7 +52,7 @@ def ingest(store: Store, seqs: list[Sequence], layer: int, k: torch.Tensor, v: t
 
 
 def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
-                scale: float, *, finite: bool = True,
+                scale: float, *, finite: bool = True, softcap: float | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor, QueryStats | None]:
     """Attention of each row's queries over every token its sequence stores.
 
@@ -62,6 +62,8 @@ def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
         ``[B, Hq, L, D]``.
     finite : bool
         Scan ``q`` for NaN/Inf (``False``: the caller did).
+    softcap : float | None
+        Attention logit soft-cap (:meth:`vecstore.Store.query`); ``None``: none.
 
     Returns
     -------
@@ -72,14 +74,15 @@ def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
     """
     rows = [b for b, s in enumerate(seqs) if s.tokens(layer) > 0]
     if len(rows) == len(seqs):
-        res = store.query(seqs, layer, q, scale=scale, finite=finite)
+        res = store.query(seqs, layer, q, scale=scale, finite=finite, softcap=softcap)
         return res.out.to(q.device), res.lse.to(q.device), res.stats
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:3], float("-inf"), device=q.device)
     if not rows:
         return out, lse, None
     index = torch.tensor(rows, device=q.device)
-    res = store.query([seqs[b] for b in rows], layer, q.index_select(0, index), scale=scale)
+    res = store.query([seqs[b] for b in rows], layer, q.index_select(0, index), scale=scale,
+                      softcap=softcap)
     out.index_copy_(0, index, res.out.to(q.device))
     lse.index_copy_(0, index, res.lse.to(q.device))
     return out, lse, res.stats
@@ -87,7 +90,7 @@ def query_store(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
 
 def decode(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
            v: torch.Tensor, *, scale: float, valid: torch.Tensor | None = None,
-           ) -> tuple[torch.Tensor, QueryStats | None]:
+           softcap: float | None = None) -> tuple[torch.Tensor, QueryStats | None]:
     """One decode step of one layer: append the new token, then query the store.
 
     Parameters
@@ -106,6 +109,8 @@ def decode(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: t
         Softmax scale.
     valid : torch.Tensor | None
         ``[B, 1]`` bool; a row whose token is padding stores nothing.
+    softcap : float | None
+        Attention logit soft-cap; ``None``: none.
 
     Returns
     -------
@@ -117,8 +122,9 @@ def decode(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: t
         # k, v and q of all rows, before anything is stored, and one transaction
         check_all_finite(keys=k, values=v, q=q)
         ingest(store, seqs, layer, k, v, None, finite=False)
-        out, _, stats = query_store(store, seqs, layer, q, scale, finite=False)
+        out, _, stats = query_store(store, seqs, layer, q, scale, finite=False,
+                                    softcap=softcap)
         return out, stats
     ingest(store, seqs, layer, k, v, valid)
-    out, _, stats = query_store(store, seqs, layer, q, scale)
+    out, _, stats = query_store(store, seqs, layer, q, scale, softcap=softcap)
     return out, stats

@@ -17,6 +17,9 @@ would save nothing; it is read whole, with flash attention where CUDA has it.
 The valid tokens are then appended to the store in whole index segments
 (``whole_segments``): a prompt is clustered in ``index.segment_tokens`` segments whatever
 its chunks, and what is left is indexed by the first decode step.
+
+With a logit ``softcap`` (Gemma 2) both cases compute the soft-capped attention instead
+(:func:`attention.exact.capped_attention`: SDPA has no soft-cap).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ __all__ = ["prefill"]
 
 def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, *, scale: float, valid: torch.Tensor | None = None,
-            ) -> torch.Tensor:
+            softcap: float | None = None) -> torch.Tensor:
     """Attention of a block of new tokens of one layer, then their ingestion.
 
     Parameters
@@ -53,6 +56,8 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     valid : torch.Tensor | None
         ``[B, L]`` bool, ``False`` for padding (left padding in a batch); padding is
         neither attended nor stored. ``None`` = no padding.
+    softcap : float | None
+        Attention logit soft-cap, ``softcap * tanh(score / softcap)``; ``None``: none.
 
     Returns
     -------
@@ -74,15 +79,16 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     True
     """
     if valid is None and all(s.tokens(layer) == 0 for s in seqs):
-        out = sdpa(q, k, v, scale=scale, valid=None)
+        out = sdpa(q, k, v, scale=scale, valid=None, softcap=softcap)
     else:
-        out = _attend_rows(seqs, layer, q, k, v, scale, valid)
+        out = _attend_rows(seqs, layer, q, k, v, scale, valid, softcap)
     ingest(store, seqs, layer, k, v, valid, whole_segments=True)
     return out
 
 
 def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor, scale: float, valid: torch.Tensor | None) -> torch.Tensor:
+                 v: torch.Tensor, scale: float, valid: torch.Tensor | None,
+                 softcap: float | None) -> torch.Tensor:
     """Each row's valid queries over its stored tokens and its valid new ones."""
     keep = _valid_tokens(valid, q.shape[0], q.shape[2])
     out = torch.zeros_like(q) if valid is not None else torch.empty_like(q)
@@ -92,7 +98,7 @@ def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Ten
         for b in rows]
     for b, (keys, values) in zip(rows, rows_on_device(blocks, q.device), strict=True):
         sel = keep[b]
-        o = sdpa_lower_right(_take(q[b], sel), keys, values, scale=scale)
+        o = sdpa_lower_right(_take(q[b], sel), keys, values, scale=scale, softcap=softcap)
         if isinstance(sel, slice):
             out[b, :, sel] = o
         else:

@@ -18,7 +18,7 @@ from attention.decode import decode
 from attention.gqa import group_size
 from attention.prefill import prefill
 from vecstore import Sequence, Store
-from vecstore.checks import check_tensor
+from vecstore.checks import check_softcap, check_tensor
 from vecstore.engine.decoder import BatchDecoder
 from vecstore.errors import InvalidValueError, ShapeError
 from vecstore.types import QueryStats
@@ -142,7 +142,7 @@ class StoreAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  valid: torch.Tensor | None = None, scale: float | None = None,
-                 ) -> torch.Tensor:
+                 softcap: float | None = None) -> torch.Tensor:
         """Attention of the step's tokens over the context and themselves.
 
         Parameters
@@ -157,13 +157,23 @@ class StoreAttention:
             ``[B, L]`` bool, ``False`` for padding; ``None`` = no padding.
         scale : float | None
             Softmax scale, ``1/sqrt(D)`` by default.
+        softcap : float | None
+            Attention logit soft-cap (Gemma 2's ``attn_logit_softcapping``): every score
+            ``x`` becomes ``softcap * tanh(x / softcap)``, in prefill and decode; ``None``
+            (default): no cap.
 
         Returns
         -------
         torch.Tensor
             ``[B, Hq, L, D]`` in ``q``'s dtype.
+
+        Raises
+        ------
+        InvalidValueError
+            ``softcap`` is not ``None`` or a finite positive number.
         """
         self._check(q, k, v, valid)
+        softcap = check_softcap(softcap)
         if scale is None:
             scale = 1.0 / math.sqrt(q.shape[-1])
         L = q.shape[2]
@@ -173,14 +183,16 @@ class StoreAttention:
                 # the rows' steady zones are equally long (whatever their prompt lengths)
                 self.store.seal(self.seqs, layer)
                 self._prefilled.discard(layer)
-            out, stats = decode(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
+            out, stats = decode(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid,
+                                softcap=softcap)
             if stats is not None:
                 # kept as is: folding reads deferred stats back, a host sync per step
                 self._pending.append(stats)
                 if len(self._pending) >= _MAX_PENDING:
                     self._fold()
             return out
-        out = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid)
+        out = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid,
+                      softcap=softcap)
         self._prefilled.add(layer)
         return out
 

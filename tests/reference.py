@@ -6,15 +6,19 @@ import torch
 
 
 def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    scale: float | None = None, softcap: float | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q [Hq, L, D]`` over all of ``keys/values [Hkv, T, D]`` (GQA), in
-    float64. Returns ``out [Hq, L, D]`` and ``lse [Hq, L]``."""
+    float64, the scores soft-capped by ``softcap`` if given. Returns ``out [Hq, L, D]`` and
+    ``lse [Hq, L]``."""
     Hq, _, D = q.shape
     g = Hq // keys.shape[0]
     scale = D ** -0.5 if scale is None else scale
     k = keys.double().repeat_interleave(g, 0)
     v = values.double().repeat_interleave(g, 0)
     logits = scale * q.double() @ k.transpose(1, 2)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     return torch.softmax(logits, -1) @ v, torch.logsumexp(logits, -1)
 
 

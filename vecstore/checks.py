@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -10,7 +11,7 @@ import torch
 from vecstore.errors import BackendUnavailableError, InvalidValueError, ShapeError
 
 __all__ = ["check_tensor", "check_finite", "check_all_finite", "check_index", "check_name",
-           "check_positive_int", "check_device", "parse_device", "parse_dtype",
+           "check_positive_int", "check_softcap", "check_device", "parse_device", "parse_dtype",
            "SUPPORTED_DTYPES", "MAX_DIMENSION"]
 
 SUPPORTED_DTYPES = {
@@ -113,6 +114,25 @@ def check_positive_int(value: object, name: str, upper: int | None = None) -> in
     if upper is not None and value > upper:
         raise InvalidValueError(f"{name}: expected at most {upper}, got {value}")
     return value
+
+
+def check_softcap(value: object, name: str = "softcap") -> float | None:
+    """Return an attention logit soft-cap as a float (``None``: no cap), or raise
+    :class:`InvalidValueError` naming ``name`` unless it is ``None`` or a finite positive
+    number (not a bool).
+
+    Examples
+    --------
+    >>> check_softcap(None), check_softcap(50)
+    (None, 50.0)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise InvalidValueError(f"{name}: expected None or a positive finite number, "
+                                f"got {value!r}")
+    return float(value)
 
 
 _DEVICE = "'cpu', 'cuda' or 'cuda:N'"

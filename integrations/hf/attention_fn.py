@@ -10,7 +10,10 @@ layer's post-RoPE ``query, key, value`` and that mask. Here:
 - :func:`vecstore_attention` hands the step to the :class:`~integrations.hf.cache.WaveCache`
   that staged it in ``cache.update`` (found through the module's
   :class:`~integrations.hf.install.ModelBinding`); with no such cache it runs
-  transformers' ``sdpa`` attention on the dense mask, unchanged.
+  transformers' ``sdpa`` attention on the dense mask, unchanged, or, for a model that
+  soft-caps its logits (the ``softcap`` transformers passes, Gemma 2's
+  ``attn_logit_softcapping``), :func:`attention.exact.capped_attention` on that mask.
+  The cache's layers get the ``softcap`` too.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import prepare_padding_mask, sdpa_mask
 
+from attention.exact import capped_attention
 from vecstore.errors import IncompatibleError
 
 __all__ = ["StepMask", "vecstore_mask", "vecstore_attention", "BINDING_ATTR"]
@@ -109,6 +113,9 @@ def vecstore_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         step's own keys and values (the context lives in the store).
     attention_mask : StepMask | torch.Tensor | None
         From :func:`vecstore_mask`, or a user-provided 4-D mask.
+    **kwargs
+        What the model passes besides; ``softcap`` (a float, or ``None``) soft-caps the
+        attention logits.
 
     Returns
     -------
@@ -117,10 +124,18 @@ def vecstore_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     """
     binding = getattr(module, BINDING_ATTR, None)
     cache = binding.take(module.layer_idx) if binding is not None else None
+    softcap = kwargs.get("softcap")
     if cache is None:
         dense = attention_mask.dense() if isinstance(attention_mask, StepMask) else attention_mask
-        return sdpa_attention_forward(module, query, key, value, dense, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        if softcap is None:
+            return sdpa_attention_forward(module, query, key, value, dense, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        if dropout:
+            raise IncompatibleError("vecstore's attention with soft-capped logits is for "
+                                    "inference: no attention dropout")
+        out = capped_attention(query, key, value, softcap=softcap, mask=dense,
+                               scale=scaling if scaling is not None else query.shape[-1] ** -0.5)
+        return out.transpose(1, 2).contiguous(), None
     if attention_mask is not None and not isinstance(attention_mask, StepMask):
         raise IncompatibleError("attention_mask: WaveCache takes 2-D padding masks only, got a "
                                 f"{attention_mask.dim()}-D mask")
@@ -128,5 +143,6 @@ def vecstore_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         raise IncompatibleError("WaveCache supports inference with full attention only "
                                 "(no attention dropout, no sliding window)")
     valid = attention_mask.valid_new(query.shape[2]) if attention_mask is not None else None
-    out = cache.attend(module.layer_idx, query, key, value, valid=valid, scale=scaling)
+    out = cache.attend(module.layer_idx, query, key, value, valid=valid, scale=scaling,
+                       softcap=softcap)
     return out.transpose(1, 2).contiguous(), None

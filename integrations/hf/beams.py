@@ -40,7 +40,8 @@ def crop_error(n: int, held: int) -> IncompatibleError:
 
 
 def tail_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                   valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                   valid: torch.Tensor | None, softcap: float | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the last ``L`` tokens' queries over ``k, v``, causal among those ``L``.
 
     Parameters
@@ -51,6 +52,8 @@ def tail_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
         ``[R, Hkv, T, D]``, ``T >= L``: a row's tail, then the step's tokens.
     valid : torch.Tensor | None
         ``[R, T]`` bool, ``False`` for padding; ``None`` = all valid.
+    softcap : float | None
+        Attention logit soft-cap; ``None``: none.
 
     Returns
     -------
@@ -75,7 +78,7 @@ def tail_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: 
     qg = q.reshape(R, Hkv, Hq // Hkv, L, D)
     outs, lses = [], []
     for part in query_slices(L, T, rows=R * Hq):  # bounded [.., l, T] scores at a time
-        out, lse = attend(qg[:, :, :, part], k, v, mask[:, :, :, part], scale)
+        out, lse = attend(qg[:, :, :, part], k, v, mask[:, :, :, part], scale, softcap)
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs, dim=3).reshape(R, Hq, L, D), torch.cat(lses, dim=3).reshape(R, Hq, L)
@@ -109,9 +112,10 @@ class Branches:
 
     def attend(self, store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor,
                k: torch.Tensor, v: torch.Tensor, *, valid: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
+               scale: float, softcap: float | None = None) -> torch.Tensor:
         """One step of ``layer``: each row's parent through the store, its tail and the
-        step's tokens exactly; the step's tokens then join the tails.
+        step's tokens exactly; the step's tokens then join the tails. ``softcap``
+        soft-caps every logit (``None``: no cap).
 
         Returns ``[R, Hq, L, D]`` in ``q``'s dtype.
         """
@@ -120,7 +124,7 @@ class Branches:
             raise IncompatibleError(f"batch: the cache holds {len(self.parents)} rows, got a "
                                     f"step with {R}")
         rows = [seqs[p] for p in self.parents]
-        out_p, lse_p, stats = query_store(store, rows, layer, q, scale)
+        out_p, lse_p, stats = query_store(store, rows, layer, q, scale, softcap=softcap)
         if stats is not None and L == 1:
             self.stats.append(stats)
         step_valid = valid if valid is not None else torch.ones(R, L, dtype=torch.bool,
@@ -131,7 +135,7 @@ class Branches:
             v = torch.cat([old_v, v], dim=2)
             step_valid = torch.cat([old_valid, step_valid], dim=1)
         self.keys[layer], self.values[layer], self.valid[layer] = k, v, step_valid
-        out_t, lse_t = tail_attention(q, k, v, scale=scale, valid=step_valid)
+        out_t, lse_t = tail_attention(q, k, v, scale=scale, valid=step_valid, softcap=softcap)
         out, _ = merge(out_p.float(), lse_p, out_t, lse_t)
         return out.to(q.dtype)
 

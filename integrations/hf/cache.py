@@ -211,8 +211,10 @@ class WaveCache(BranchingMixin, Cache):
             self._branches.commit(self.store, self._attention.seqs, self._slots[layer])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-               valid: torch.Tensor | None, scale: float | None) -> torch.Tensor:
-        """Attention of one layer's step (``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``).
+               valid: torch.Tensor | None, scale: float | None,
+               softcap: float | None = None) -> torch.Tensor:
+        """Attention of one layer's step (``q [B, Hq, L, D]``, ``k, v [B, Hkv, L, D]``),
+        its logits soft-capped by ``softcap`` (``None``: no cap).
 
         Returns ``[B, Hq, L, D]``; see :class:`attention.StoreAttention` (and
         :class:`~integrations.hf.beams.Branches` once rows were reordered or recording).
@@ -220,7 +222,7 @@ class WaveCache(BranchingMixin, Cache):
         slot = self._slots[layer]
         if self._route is not None:
             return self._route.attend(slot, q, k, v, scale if scale is not None
-                                      else q.shape[-1] ** -0.5)
+                                      else q.shape[-1] ** -0.5, softcap)
         if self._attention is None:
             self._attention = StoreAttention(self.store, self._create(q.shape[0]))
         elif self._branches is None and q.shape[0] != len(self._attention.seqs):
@@ -229,8 +231,9 @@ class WaveCache(BranchingMixin, Cache):
         branches = self._branched(commit=True) if self._recording else self._branches
         if branches is not None:
             return branches.attend(self.store, self._attention.seqs, slot, q, k, v,
-                                   valid=valid, scale=scale or q.shape[-1] ** -0.5)
-        return self._attention(slot, q, k, v, valid=valid, scale=scale)
+                                   valid=valid, scale=scale or q.shape[-1] ** -0.5,
+                                   softcap=softcap)
+        return self._attention(slot, q, k, v, valid=valid, scale=scale, softcap=softcap)
 
     @property
     def model(self) -> PreTrainedModel:

@@ -9,8 +9,9 @@ There is no list of architectures. A decoder works when
 - every layer's attention is either full (``"full_attention"``: through the store) or a
   sliding window (``"sliding_attention"``, or Mistral/Phi-3's ``config.sliding_window``:
   kept exactly in a windowed cache of its own, :mod:`integrations.hf.window_cache`);
-- the attention is a plain softmax of ``q·k`` (no logit soft-capping, no learned sinks),
-  which is what the store's tripartite attention computes.
+- the attention is a softmax of ``q·k``, soft-capped or not (Gemma 2's
+  ``attn_logit_softcapping``: every zone of the store's tripartite attention caps its
+  scores), with no learned sinks.
 
 :func:`model_shape` checks all of it and raises :class:`~vecstore.errors.IncompatibleError`
 naming what fails, when a ``WaveCache`` is created, never after a prefill.
@@ -25,6 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from vecstore import Sequence
+from vecstore.checks import check_softcap
 from vecstore.errors import IncompatibleError, InvalidValueError
 
 __all__ = ["ModelShape", "model_shape", "attention_modules", "layer_windows", "check_sequence",
@@ -172,13 +174,11 @@ def model_shape(model: Any) -> ModelShape:
 
 def _check_plain_softmax(config: Any, modules: list[torch.nn.Module], name: str,
                          kind: object) -> None:
-    cap = getattr(config, "attn_logit_softcapping", None)
-    if cap is not None:
-        raise IncompatibleError(
-            f"model: {name} ({kind!r}) soft-caps its attention logits "
-            f"(config.attn_logit_softcapping={cap}), which the store's attention does not "
-            "compute; load it with attn_logit_softcapping=None to run without the cap (an "
-            "approximation of the checkpoint)")
+    try:  # a soft-cap is computed by every zone; a cap of 0 or inf is a broken config
+        check_softcap(getattr(config, "attn_logit_softcapping", None),
+                      "config.attn_logit_softcapping")
+    except InvalidValueError as exc:
+        raise IncompatibleError(f"model: {name} ({kind!r}): {exc}") from None
     if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in modules):
         raise IncompatibleError(f"model: {name} ({kind!r}) has learned attention sinks, "
                                 "which the store's attention does not compute")

@@ -8,13 +8,15 @@ import torch
 
 from vecstore.executor.base import Steady
 from vecstore.executor.wave_state import DecodeResult, PreparedView
+from vecstore.kernels.reference import softcap_
 from vecstore.kernels.zones import Zones
 
 
 def exact_decode(self: object, prep: PreparedView, steady: Steady, q: torch.Tensor,
-                 scale: float) -> DecodeResult:
+                 scale: float, softcap: float | None = None) -> DecodeResult:
     """Exact attention of ``q [B, Hq, D]`` over the steady zone (its ``lengths``) and every
-    row of the prepared view's clusters; no unit counts as retrieved or estimated."""
+    row of the prepared view's clusters, soft-capped by ``softcap``; no unit counts as
+    retrieved or estimated."""
     B, Hq, D = q.shape
     rows, N, _ = prep.keys.shape
     H = rows // B
@@ -30,7 +32,7 @@ def exact_decode(self: object, prep: PreparedView, steady: Steady, q: torch.Tens
     in_view = ((pos >= start[..., None]) & (pos < end[..., None])).any(dim=1)
     valid = torch.cat([in_steady, in_view], dim=1)  # [rows, S + N]
     qf = q.reshape(rows, G, D).float()
-    scores = (qf @ keys.float().transpose(1, 2)) * scale
+    scores = softcap_((qf @ keys.float().transpose(1, 2)) * scale, softcap)
     scores = scores.masked_fill(~valid[:, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.softmax(scores, dim=-1) @ values.float()

@@ -33,7 +33,10 @@ def tiny_model(arch: str = "llama", heads: int = 4, kv_heads: int = 2, seed: int
 
 
 # (config class, model class, settings) of the architectures the integration is tested on;
-# sliding windows of 24 tokens, shorter than the prompts, so the windows slide
+# sliding windows of 24 tokens, shorter than the prompts, so the windows slide. Gemma 2
+# soft-caps its logits as it ships, at 2.0 rather than 50.0, with scores large enough
+# (initializer_range, query_pre_attn_scalar) that the cap changes the greedy tokens
+# (test_architectures checks it): a run that ignored the cap would not match
 ARCHITECTURES = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -43,7 +46,8 @@ ARCHITECTURES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 24}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
-        "sliding_window": 24, "head_dim": 16, "attn_logit_softcapping": None}),
+        "sliding_window": 24, "head_dim": 16, "attn_logit_softcapping": 2.0,
+        "initializer_range": 0.1, "query_pre_attn_scalar": 1}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
         "sliding_window": 24, "head_dim": 16,
         "layer_types": ["sliding_attention", "full_attention"]}),

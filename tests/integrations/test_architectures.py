@@ -47,6 +47,24 @@ def test_greedy_left_padded_batch_matches_dynamic_cache(arch):
         assert seqs[0].num_layers == store_layers
 
 
+def test_gemma2_soft_capped_decode_logits_match_dynamic_cache():
+    # what makes the Gemma 2 runs check the cap: it changes the tokens, and every decode
+    # step's logits through the store match DynamicCache's (a store ignoring it would not)
+    ids, mask = left_padded([40, 64], seed=1)
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                  output_logits=True, return_dict_in_generate=True)
+    capped, plain = arch_model("gemma2"), arch_model("gemma2", attn_logit_softcapping=None)
+    assert capped.config.attn_logit_softcapping == 2.0
+    ref = generate(capped, ids, DynamicCache(config=capped.config), **kwargs)
+    uncapped = generate(plain, ids, DynamicCache(config=plain.config), **kwargs)
+    assert not torch.equal(ref.sequences, uncapped.sequences)
+    with WaveCache(EXACT, capped) as cache:
+        out = generate(capped, ids, cache, **kwargs)
+        assert cache.decode_stats.exact_fraction == 1.0
+    torch.testing.assert_close(torch.stack(out.logits), torch.stack(ref.logits),
+                               atol=1e-4, rtol=1e-4)
+
+
 def test_beam_search_matches_dynamic_cache(arch):
     model = arch_model(arch)
     ids, mask = left_padded([30, 50], seed=2)

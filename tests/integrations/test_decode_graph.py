@@ -14,7 +14,7 @@ from integrations.hf import WaveCache
 from integrations.hf.cache import cache_kwarg
 from integrations.hf.decode_graph import DecodeGraph
 from tests.integrations.exact_decode import exact_decode
-from tests.integrations.hf_models import generate, left_padded, tiny_model
+from tests.integrations.hf_models import arch_model, generate, left_padded, tiny_model
 from tests.syncs import HostSyncs
 from vecstore.engine.decoder import flush_due
 from vecstore.errors import InvalidValueError
@@ -68,6 +68,20 @@ def test_fixed_shape_steps_equal_ordinary_steps_across_flushes(arch, lengths):
                 assert cache.graph.static_steps == new - 1 - 4
     assert torch.equal(runs[True], ref) and torch.equal(runs[False], ref)
     assert segments[True] == segments[False] and min(segments[True]) >= 4
+
+
+def test_soft_capped_fixed_shape_steps_equal_dynamic_cache():
+    # Gemma 2 with its cap (every layer global, so the batch decodes in fixed-shape steps):
+    # the cap reaches the fused step
+    model = arch_model("gemma2", layer_types=["full_attention"] * 2)
+    ids, mask = left_padded([30, 45], seed=5)
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=None)
+    ref = generate(model, ids, DynamicCache(config=model.config), **kwargs)
+    with WaveCache(WAVE, model, cuda_graphs=True) as cache:
+        _wave(cache)
+        out = generate(model, ids, cache, **kwargs)
+        assert cache.graph.static_steps > 0
+    assert torch.equal(out, ref)
 
 
 def test_fixed_shape_step_does_not_sync():

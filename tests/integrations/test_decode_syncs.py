@@ -22,7 +22,7 @@ from vecstore.kernels.zones import Zones
 WAVE = {**SMALL, "executor": {"kind": "wave", "device": "cpu"}}
 
 
-def _stand_in(self, prep, steady, q, scale):
+def _stand_in(self, prep, steady, q, scale, softcap=None):
     B, Hq, D = q.shape
     rows, C = prep.sizes.shape
     zones = Zones.empty(rows, C, prep.r_max, q.device, prep.e_max)

@@ -38,8 +38,9 @@ def _forward(model, ids, cache):
 
 
 def test_what_cannot_work_is_refused_at_construction_naming_why():
-    capped = arch_model("gemma2", attn_logit_softcapping=50.0)
-    with pytest.raises(IncompatibleError, match=r"soft-caps .*attn_logit_softcapping=50.0"):
+    assert model_shape(arch_model("gemma2", attn_logit_softcapping=50.0))  # as shipped
+    capped = arch_model("gemma2", attn_logit_softcapping=0.0)
+    with pytest.raises(IncompatibleError, match=r"config.attn_logit_softcapping: .* got 0.0"):
         WaveCache(None, capped)
     assert capped.config._attn_implementation == "eager"  # left as it was
     chunked = arch_model("qwen3")

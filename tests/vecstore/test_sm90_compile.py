@@ -54,10 +54,10 @@ def _inputs(dtype: torch.dtype) -> tuple[WaveIndex, IndexView, Steady, torch.Ten
     return index, IndexView.stack(views), steady, q
 
 
-def _decode(dtype: torch.dtype, **executor: object) -> None:
+def _decode(dtype: torch.dtype, softcap: float | None = None, **executor: object) -> None:
     index, view, steady, q = _inputs(dtype)
     WaveExecutor(backend="triton", **executor).run(index, view, steady, q, D ** -0.5,
-                                                   CFG.for_layer(0))
+                                                   CFG.for_layer(0), softcap)
 
 
 def _step_stats() -> None:
@@ -91,6 +91,8 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16, simulate_offload=True)
         _decode(torch.float32, score_dtype=torch.float32)
         _decode(torch.bfloat16, score_dtype=torch.bfloat16)  # the default scores int8 codes
+        _decode(torch.bfloat16, softcap=50.0)  # the soft-capped kernels (Gemma 2)
+        _decode(torch.bfloat16, softcap=50.0, simulate_offload=True)
         _step_stats()
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too

@@ -192,8 +192,9 @@ class BatchDecoder:
 
     # -- device side (capturable) --------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float) -> torch.Tensor:
-        """Store the step's token of ``layer`` and attend to everything stored.
+               scale: float, softcap: float | None = None) -> torch.Tensor:
+        """Store the step's token of ``layer`` and attend to everything stored, the scores
+        soft-capped by ``softcap`` (``None``: no cap).
 
         ``q [B, Hq, 1, D]``, ``k, v [B, Hkv, 1, D]`` (the sequences' dtype, on their
         device); returns ``[B, Hq, 1, D]``. Device work only.
@@ -204,7 +205,8 @@ class BatchDecoder:
             tail.keys.index_copy_(2, self.col, k)
             tail.values.index_copy_(2, self.col, v)
             res = self.executor.decode(step.prep, Steady(tail.keys, tail.values,
-                                                         self.lengths), q[:, :, 0], scale)
+                                                         self.lengths), q[:, :, 0], scale,
+                                       softcap)
             H = tail.keys.shape[1]  # step_stats counts tokens per KV head
             if self._fused is not None:
                 z = res.zones

@@ -105,27 +105,28 @@ class QueryEngine:
                 raise InvalidValueError(f"layer {layer} of sequence {s.name!r} holds no tokens")
 
     def run(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
-            scale: float) -> QueryResult:
-        """Answer a query :meth:`check` accepted."""
+            scale: float, softcap: float | None = None) -> QueryResult:
+        """Answer a query :meth:`check` accepted (``softcap`` checked by the caller)."""
         q = q.to(seqs[0].layers[layer].device)
         if len(seqs) > 1 and q.shape[2] > 1:
-            return self._run_rows(seqs, layer, q, scale)
+            return self._run_rows(seqs, layer, q, scale, softcap)
         try:
             view = self._batch_views.view(seqs, layer)
         except CapacityError:
             if len(seqs) == 1:
                 raise
             # no room for a stacked copy of the batch: each row reads its own view
-            return self._run_rows(seqs, layer, q, scale)
+            return self._run_rows(seqs, layer, q, scale, softcap)
         finally:
             self.retire_replaced([s.layers[layer] for s in seqs])
         steady = stack_steady(seqs, layer)
         out, lse, stats = self._executor.run(self._indexes.index(layer), view, steady, q,
-                                             scale, self._config.for_layer(layer))
+                                             scale, self._config.for_layer(layer),
+                                             softcap=softcap)
         return QueryResult(out=out, lse=lse, stats=stats)
 
     def _run_rows(self, seqs: list[Sequence], layer: int, q: torch.Tensor,
-                  scale: float) -> QueryResult:
+                  scale: float, softcap: float | None) -> QueryResult:
         """A multi-token query (a prefill chunk) of several sequences, or a batch whose
         stacked view does not fit the budgets, one row at a time.
 
@@ -140,7 +141,7 @@ class QueryEngine:
         lse = torch.empty(q.shape[:3], device=q.device)
         totals = [0, 0, 0, 0, 0.0]
         for b, seq in enumerate(seqs):
-            res = self.run([seq], layer, q[b:b + 1], scale)
+            res = self.run([seq], layer, q[b:b + 1], scale, softcap)
             out[b:b + 1] = res.out
             lse[b:b + 1] = res.lse
             st = res.stats

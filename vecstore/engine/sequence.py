@@ -39,7 +39,8 @@ class SequenceOwner(Protocol):
         """Check a batched query; returns ``q`` grouped and the scale."""
 
     def query(self, seqs: list[Sequence], layer: int, q: torch.Tensor, *,
-              scale: float | None = None, finite: bool | None = None) -> QueryResult:
+              scale: float | None = None, finite: bool | None = None,
+              softcap: float | None = None) -> QueryResult:
         """Attention for a batch of sequences in one call."""
 
 
@@ -167,7 +168,8 @@ class Sequence:
         self._owner.append_tokens(self, layer, keys.to(dev).contiguous(),
                                   values.to(dev).contiguous(), whole_segments=whole_segments)
 
-    def query(self, layer: int, q: torch.Tensor, *, scale: float | None = None) -> QueryResult:
+    def query(self, layer: int, q: torch.Tensor, *, scale: float | None = None,
+              softcap: float | None = None) -> QueryResult:
         """Attention of ``q`` over every stored token of ``layer``.
 
         Parameters
@@ -179,6 +181,9 @@ class Sequence:
             heads (GQA). Queries attend to all stored tokens (no causal mask).
         scale : float, optional
             Softmax scale, ``1/sqrt(D)`` by default.
+        softcap : float, optional
+            Attention logit soft-cap, none by default (:meth:`Store.query
+            <vecstore.store.Store.query>`).
 
         Returns
         -------
@@ -186,7 +191,7 @@ class Sequence:
             ``out [Hq, L, D]``, ``lse [Hq, L]`` and stats.
         """
         self._check_alive()
-        res = self._owner.query([self], layer, _as_batch(q), scale=scale)
+        res = self._owner.query([self], layer, _as_batch(q), scale=scale, softcap=softcap)
         return QueryResult(out=res.out[0], lse=res.lse[0], stats=res.stats)
 
     def search(self, layer: int, q: torch.Tensor, k: int, *,

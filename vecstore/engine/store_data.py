@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from vecstore.checks import check_softcap
 from vecstore.engine.decoder import BatchDecoder
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.store_core import StoreCore
@@ -105,7 +106,8 @@ class StoreData(StoreCore):
         return self._queries.check(seqs, layer, q, scale, finite=finite, grouped=grouped)
 
     def query(self, seqs: list[Sequence], layer: int, q: torch.Tensor, *,
-              scale: float | None = None, finite: bool | None = None) -> QueryResult:
+              scale: float | None = None, finite: bool | None = None,
+              softcap: float | None = None) -> QueryResult:
         """Attention for a batch of sequences in one call.
 
         Parameters
@@ -123,6 +125,10 @@ class StoreData(StoreCore):
             (default): on CPU tensors only, where it costs nothing; on a GPU the scan makes
             the host wait for the device every query, so there a NaN in ``q`` gives NaN
             rows of ``out`` (the store is unchanged either way) unless ``finite=True``.
+        softcap : float, optional
+            Attention logit soft-cap (Gemma 2's ``attn_logit_softcapping``): every score
+            ``x`` (scaled) becomes ``softcap * tanh(x / softcap)`` before the softmax, in
+            each zone; ``None`` (default): no cap.
 
         Returns
         -------
@@ -134,7 +140,7 @@ class StoreData(StoreCore):
         # the grouped float32 copy of q is for search(); the executors take q as given
         self.check_open()
         _, scale = self._queries.check(seqs, layer, q, scale, finite=finite, grouped=False)
-        return self._queries.run(seqs, layer, q, scale)
+        return self._queries.run(seqs, layer, q, scale, check_softcap(softcap))
 
     def decoder(self, seqs: list[Sequence], num_q_heads: int) -> BatchDecoder | None:
         """Fixed-shape decode steps of ``seqs`` over every layer, for one CUDA graph of a

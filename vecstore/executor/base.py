@@ -47,7 +47,7 @@ class Executor(Protocol):
 
     def run(
         self, index: Index, view: IndexView | None, steady: Steady, q: torch.Tensor,
-        scale: float, layer: LayerConfig,
+        scale: float, layer: LayerConfig, softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, QueryStats]:
         """Attention of ``q`` over every stored token of each sequence.
 
@@ -65,6 +65,12 @@ class Executor(Protocol):
             Softmax scale.
         layer : LayerConfig
             The layer's budgets.
+        softcap : float | None
+            Attention logit soft-cap (Gemma 2): every zone's scores ``x`` become
+            ``softcap * tanh(x / softcap)`` before the softmax (the steady and retrieved
+            keys' scores, and the estimated clusters' centroid scores); ``None``: no cap.
+            The clusters are ranked by the uncapped scores: the cap is monotonic, so a
+            query head's ranking is the same, and the GQA-summed one nearly so.
 
         Returns
         -------

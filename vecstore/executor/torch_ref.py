@@ -60,14 +60,15 @@ def gather_units(view: IndexView, ids: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def estimate_units(view: IndexView, summary: UnitSummary, ids: torch.Tensor, q: torch.Tensor,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   scale: float, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over units ``ids`` (``[B, Hkv, E]``, -1 = none) of ``view`` approximated by
-    their centroids and value sums (``summary``, :func:`vecstore.kernels.reference.estimate`).
+    their centroids and value sums (``summary``, :func:`vecstore.kernels.reference.estimate`),
+    the centroid scores soft-capped by ``softcap`` if given.
 
     Returns ``out [B, Hkv, G, L, D]`` and ``lse [B, Hkv, G, L]`` (float32) of grouped queries
     ``q [B, Hkv, G, L, D]``.
     """
-    return estimate(q, *_estimation_zone(view, summary, ids), scale)
+    return estimate(q, *_estimation_zone(view, summary, ids), scale, softcap)
 
 
 def _estimation_zone(view: IndexView, summary: UnitSummary, ids: torch.Tensor,
@@ -106,8 +107,10 @@ class TorchExecutor:
 
     def run(
         self, index: Index, view: IndexView | None, steady: Steady, q: torch.Tensor,
-        scale: float, layer: LayerConfig,
+        scale: float, layer: LayerConfig, softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, QueryStats]:
+        # The retrieval clusters are ranked by the uncapped scores (a soft-cap is monotonic:
+        # one query head ranks the same either way; see the Executor protocol).
         # A query of L > 1 tokens (a prefill chunk) runs in slices of its tokens, so no
         # [B, Hkv, G, L, columns] score tensor is held whole (vecstore.slicing): the plan
         # is one for all L tokens (the ranking sums over them), the zones are gathered
@@ -145,11 +148,11 @@ class TorchExecutor:
         mass = torch.zeros((), dtype=torch.float64, device=q.device)
         for part in parts:
             qg = qf[:, :, :, part]  # [B, Hkv, G, l, D]
-            o, s = attend(qg, steady.keys, steady.values, s_valid, scale)
+            o, s = attend(qg, steady.keys, steady.values, s_valid, scale, softcap)
             if rows is not None:
-                o, s = merge(o, s, *attend(qg, rows[0], rows[1], rows[2], scale))
+                o, s = merge(o, s, *attend(qg, rows[0], rows[1], rows[2], scale, softcap))
             if zone is not None:
-                o_e, s_e = estimate(qg, *zone, scale)
+                o_e, s_e = estimate(qg, *zone, scale, softcap)
                 o, s_all = merge(o, s, o_e, s_e)
                 mass += torch.exp(s_e - s_all).nan_to_num_(0.0).sum(dtype=torch.float64)
                 s = s_all

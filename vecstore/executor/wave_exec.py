@@ -121,21 +121,21 @@ class WaveExecutor:
     # -- Executor protocol ---------------------------------------------------------------
     def run(
         self, index: Index, view: IndexView | None, steady: Steady, q: torch.Tensor,
-        scale: float, layer: LayerConfig,
+        scale: float, layer: LayerConfig, softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, QueryStats]:
         if not self.can_run(index, view, q, layer):
-            return self.reference.run(index, view, steady, q, scale, layer)
+            return self.reference.run(index, view, steady, q, scale, layer, softcap)
         assert view is not None
         prep = self.prepare(view, layer, index)
         B, Hq, _, D = q.shape
         if self.use_graphs and q.device.type == "cuda":
-            res = replay(prep, steady, q[:, :, 0], scale, self.decode)
+            res = replay(prep, steady, q[:, :, 0], scale, self.decode, softcap)
             assert prep.graph is not None and prep.graph.stats is not None
             values = prep.graph.stats.clone()
         else:
             if prep.buffer is not None:
                 prep.buffer.begin_step()
-            res = self.decode(prep, steady, q[:, :, 0].contiguous(), scale)
+            res = self.decode(prep, steady, q[:, :, 0].contiguous(), scale, softcap)
             if prep.buffer is not None:
                 prep.buffer.finish_step()
             values = step_stats(res, steady.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
@@ -192,7 +192,8 @@ class WaveExecutor:
 
     # -- the step ------------------------------------------------------------------------
     def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
-               scale: float) -> DecodeResult:
-        """One decode step: ``q [B, Hq, D]`` against the view and the steady zone
+               scale: float, softcap: float | None = None) -> DecodeResult:
+        """One decode step: ``q [B, Hq, D]`` against the view and the steady zone, every
+        zone's scores soft-capped by ``softcap`` (``None``: no cap)
         (:func:`~vecstore.executor.wave_step.decode_step`, on this executor's streams)."""
-        return decode_step(prep, steady, q, scale, self._streams)
+        return decode_step(prep, steady, q, scale, self._streams, softcap)

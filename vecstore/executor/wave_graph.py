@@ -16,14 +16,15 @@ from vecstore.executor.wave_state import CapturedStep, DecodeResult, PreparedVie
 
 __all__ = ["Step", "replay"]
 
-Step = Callable[[PreparedView, Steady, torch.Tensor, float], DecodeResult]
-"""A decode step: ``(prep, steady, q [B, Hq, D], scale)`` to its device outputs."""
+Step = Callable[[PreparedView, Steady, torch.Tensor, float, float | None], DecodeResult]
+"""A decode step: ``(prep, steady, q [B, Hq, D], scale, softcap)`` to its device outputs."""
 
 
 def replay(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: float,
-           step: Step) -> DecodeResult:
-    """Run ``step`` (:meth:`~vecstore.executor.wave_exec.WaveExecutor.decode`) as a CUDA
-    graph kept in ``prep.graph``, captured once per query shape and steady zone: a
+           step: Step, softcap: float | None = None) -> DecodeResult:
+    """Run ``step`` (:meth:`~vecstore.executor.wave_exec.WaveExecutor.decode`, its scores
+    soft-capped by ``softcap``) as a CUDA graph kept in ``prep.graph``, captured once per
+    query shape, scale, cap and steady zone: a
     ``persistent`` steady zone is read in place (captured per buffer), any other is copied
     into the graph's own, of a capacity rounded up to 256 rows (so a growing steady zone
     re-captures rarely)."""
@@ -33,11 +34,11 @@ def replay(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: float,
                         steady.lengths.data_ptr(), S)
     else:
         where = (-(-S // 256) * 256,)
-    key = (tuple(q.shape), q.dtype, where, scale)
+    key = (tuple(q.shape), q.dtype, where, scale, softcap)
     g = prep.graph
     if g is None or g.key != key:
         prep.graph = None  # free the old graph's memory before capturing
-        g = prep.graph = _capture(prep, key, q, steady, where, scale, step)
+        g = prep.graph = _capture(prep, key, q, steady, where, scale, softcap, step)
     g.q.copy_(q)
     if g.steady.keys is not steady.keys:
         g.steady.keys[:, :, :S].copy_(steady.keys)
@@ -53,7 +54,7 @@ def replay(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: float,
 
 
 def _capture(prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady, where: tuple,
-             scale: float, step: Step) -> CapturedStep:
+             scale: float, softcap: float | None, step: Step) -> CapturedStep:
     B, H, S, D = steady.keys.shape
     if steady.persistent:  # read in place; the graph keeps the buffer alive
         static = steady
@@ -70,7 +71,7 @@ def _capture(prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady, wh
     with torch.cuda.stream(warm):  # compiles the kernels; a real step for the buffer
         if prep.buffer is not None:
             prep.buffer.begin_step()
-        _stats(step(prep, static, qs, scale), static, prep.tokens_total, H)
+        _stats(step(prep, static, qs, scale, softcap), static, prep.tokens_total, H)
         if prep.buffer is not None:
             prep.buffer.finish_step()
     torch.cuda.current_stream(q.device).wait_stream(warm)
@@ -79,7 +80,7 @@ def _capture(prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady, wh
     graph = torch.cuda.CUDAGraph()
     # thread_local: the policy worker may touch CUDA (events, pinned copies) meanwhile
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        res = step(prep, static, qs, scale)
+        res = step(prep, static, qs, scale, softcap)
         stats = _stats(res, static, prep.tokens_total, H)
     return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
 

@@ -32,8 +32,10 @@ __all__ = ["decode_step", "attend_offloaded"]
 
 
 def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: float,
-                streams: StreamPool) -> DecodeResult:
-    """One decode step: ``q [B, Hq, D]`` against the view and the steady zone.
+                streams: StreamPool, softcap: float | None = None) -> DecodeResult:
+    """One decode step: ``q [B, Hq, D]`` against the view and the steady zone, every zone's
+    scores soft-capped by ``softcap`` (``None``: no cap; the ranking stays uncapped, see
+    :meth:`~vecstore.executor.base.Executor.run`).
 
     Only device work of fixed shapes for fixed inputs (the steady capacity included), so the
     whole call can be captured in a CUDA graph; an offloaded view's
@@ -89,7 +91,7 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
         radii = prep.radii[r0:r1] if prep.radii is not None else None
         scales = prep.code_scales[r0:r1] if prep.code_scales is not None else None
         logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
-                                 prep.radius_weight, weights[x0:x1], scales)
+                                 prep.radius_weight, weights[x0:x1], scales, softcap)
         sel, side = streams.get(dev, "select", g), streams.get(dev, "side", g)
         if sel is not None:
             sel.wait_stream(main)  # this group's logits; the next group's follow on main
@@ -102,7 +104,7 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
                     side.wait_stream(sel)
                 with on(side):
                     attend_steady(qf, steady.keys, steady.values, steady.lengths, scale,
-                                  parts, n_ret)
+                                  parts, n_ret, softcap)
                     if steady_done is not None:
                         steady_done.record()
             select_ranked(logits, prep.sizes[r0:r1], prep.first_row[r0:r1],
@@ -115,9 +117,9 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
                 rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
                 fill_rowmap(z, rowmap)
                 attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
-                                 scale, part, 0)
+                                 scale, part, 0, softcap=softcap)
             else:
-                admit = attend_offloaded(streams, buf, z, qf[x0:x1], scale, part)
+                admit = attend_offloaded(streams, buf, z, qf[x0:x1], scale, part, softcap)
                 if admit is not None:
                     joins.append(admit)
             if sel is not None:
@@ -132,13 +134,14 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
 
 def attend_offloaded(streams: StreamPool, buf: WaveBuffer, zones: Zones, q: torch.Tensor,
                      scale: float, parts: tuple[torch.Tensor, torch.Tensor],
-                     ) -> torch.cuda.Stream | None:
+                     softcap: float | None = None) -> torch.cuda.Stream | None:
     """The retrieved zone of an offloaded view, on the current stream: the block cache's
     lookup, hits and misses copied into the execution buffer, attention over the hits while
     the misses cross PCIe, then over the misses. The admission runs on a stream of its own:
     its bookkeeping (it reads the lookup, and hits never lose their slots) while the hits and
     misses are copied, its copy of the admitted rows into the cache after the attention over
-    the misses, beside the merge (returned: the caller joins it)."""
+    the misses, beside the merge (returned: the caller joins it). ``softcap`` soft-caps the
+    scores (``None``: no cap)."""
     from vecstore.kernels.retrieved_attention import attend_retrieved, retrieved_layout
 
     current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
@@ -151,11 +154,12 @@ def attend_offloaded(streams: StreamPool, buf: WaveBuffer, zones: Zones, q: torc
     buf.fill_misses()
     buf.fill_hits()
     split = buf.layout.split
-    attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0, split=split)
+    attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0, split=split,
+                     softcap=softcap)
     buf.wait_misses()
     attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts,
                      retrieved_layout(buf.exec_k.shape[1])[1], split=split,
-                     after_split=True)
+                     after_split=True, softcap=softcap)
     if admit is not None:
         admit.wait_stream(current)  # the misses have arrived
     with on(admit):

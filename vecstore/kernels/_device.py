@@ -23,6 +23,7 @@ __all__ = [
     "attend_rows",
     "store_state",
     "store_merged",
+    "soft_cap",
 ]
 
 
@@ -71,15 +72,18 @@ def softmax_step(s, v, m_i, l_i, acc):
 
 
 @triton.jit
-def attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
-                DOT_F32: tl.constexpr):
-    # one tile of exact attention: rows kv_off [N, D] of K and V, valid where pmask
+def attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, softcap, m_i, l_i, acc,
+                DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr):
+    # one tile of exact attention: rows kv_off [N, D] of K and V, valid where pmask; with
+    # SOFTCAP the scores soft-capped (soft_cap; without it softcap is not read)
     k = tl.load(k_ptr + kv_off, mask=pmask[:, None], other=0.0)
     v = tl.load(v_ptr + kv_off, mask=pmask[:, None], other=0.0)
     if DOT_F32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k)) * scale
+    if SOFTCAP:
+        s = soft_cap(s, softcap)
     s = tl.where(pmask[None, :], s, float("-inf"))
     return softmax_step(s, v, m_i, l_i, acc)
 
@@ -120,3 +124,12 @@ def store_merged(out_ptr, lse_ptr, row, offs_d, out_mask, acc, den, m_safe, D: t
         out_ptr + row * D + offs_d, (acc / den_safe).to(out_ptr.dtype.element_ty), mask=out_mask
     )
     tl.store(lse_ptr + row, tl.where(has, m_safe + tl.log(den_safe), float("-inf")))
+
+
+@triton.jit
+def soft_cap(s, softcap):
+    # attention logits soft-capped, softcap * tanh(s / softcap), from exp (libdevice's tanh
+    # has no interpreter version); -inf becomes -softcap: mask after capping
+    e = tl.exp(-2.0 * tl.abs(s) / softcap)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(s < 0, -t, t) * softcap

@@ -6,7 +6,9 @@ the cluster radius, :func:`vecstore.index.wave.bound_logits`), the estimation zo
 ``logit_j + log n_j`` beside them, and each head's running max and sum of exponentials of the
 ranking logits per split of the clusters, from which :mod:`vecstore.kernels.zone_select`
 scores the clusters. Centroids are float, or int8 codes with a scale each
-(:mod:`vecstore.executor.sq8`).
+(:mod:`vecstore.executor.sq8`). With ``SOFTCAP`` the weights' logits are soft-capped,
+``softcap * tanh(logit / softcap)``, as the exact zones' scores are, while the ranking logits
+stay uncapped (the cap is monotonic); without it the kernel compiles as before.
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
@@ -19,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels._device import load_queries, query_group
+from vecstore.kernels._device import load_queries, query_group, soft_cap
 from vecstore.kernels._rank_device import sum_exp_step, tile_logits
 from vecstore.kernels.backend import LazyKernel, needs_f32_dot, num_sms
 
@@ -45,9 +47,9 @@ _LOGITS_MAX_SPLITS = 128
 
 def _logits_kernel(
     q_ptr, c_ptr, cs_ptr, n_ptr, r_ptr, weight_ptr, rank_ptr, pmax_ptr, psum_ptr, C,
-    split_len, num_splits, scale, rscale, G: tl.constexpr, D: tl.constexpr,
+    split_len, num_splits, scale, rscale, softcap, G: tl.constexpr, D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, DOT_F32: tl.constexpr,
-    RADIUS: tl.constexpr, SQ8: tl.constexpr,
+    RADIUS: tl.constexpr, SQ8: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     # logits of the G query heads of a row against a split of its centroids (each centroid
     # read once per group; with SQ8 int8 codes times their scales cs), -inf for empty
@@ -74,8 +76,11 @@ def _logits_kernel(
         out_mask = g_mask[:, None] & c_mask[None, :]
         out = qrows[:, None] * C + offs_c[None, :]
         n = tl.load(n_ptr + row * C + offs_c, mask=c_mask, other=1)
-        # an empty cluster's logit is already -inf
-        tl.store(weight_ptr + out, lg + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :],
+        # an empty cluster's logit is already -inf (and stays so capped)
+        lw = lg
+        if SOFTCAP:
+            lw = tl.where(lg > float("-inf"), soft_cap(lg, softcap), lg)
+        tl.store(weight_ptr + out, lw + tl.log(tl.maximum(n, 1).to(tl.float32))[None, :],
                  mask=out_mask)
         rl = lg
         if RADIUS:
@@ -104,7 +109,8 @@ class Logits:
 
 def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tensor | None,
                     sizes: torch.Tensor, scale: float, radius_weight: float,
-                    weights: torch.Tensor, code_scales: torch.Tensor | None = None) -> Logits:
+                    weights: torch.Tensor, code_scales: torch.Tensor | None = None,
+                    softcap: float | None = None) -> Logits:
     """Score every cluster for every query head (the index probe's bandwidth-bound part).
 
     Parameters
@@ -125,6 +131,10 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
         ``scale * q . c_j + log n_j``, ``-inf`` for empty clusters.
     code_scales : torch.Tensor | None
         ``[rows, C]`` float32 scales of int8 ``centroids``.
+    softcap : float | None
+        Attention logit soft-cap of the estimation weights' logits,
+        ``softcap * tanh(scale * q . c_j / softcap) + log n_j``; the ranking logits are
+        not capped (the cap is monotonic). ``None``: no cap.
     """
     rows, num_clusters, dim = centroids.shape
     group = q.shape[0] // rows
@@ -143,9 +153,10 @@ def centroid_logits(q: torch.Tensor, centroids: torch.Tensor, radii: torch.Tenso
     r = radii if use_radius else weights  # any pointer; unread without RADIUS
     _LOGITS[(rows, splits)](q, centroids, code_scales if sq8 else weights, sizes, r, weights,
                              rank, pmax, psum, num_clusters, split_len, splits, scale,
-                             scale * radius_weight, G=group, D=dim,
+                             scale * radius_weight, softcap or 1.0, G=group, D=dim,
                              BLOCK_G=max(16, triton.next_power_of_2(group)),
                              BLOCK_C=tile, DOT_F32=needs_f32_dot(q.dtype),
-                             RADIUS=use_radius, SQ8=sq8, num_warps=_LOGITS_WARPS,
+                             RADIUS=use_radius, SQ8=sq8, SOFTCAP=softcap is not None,
+                             num_warps=_LOGITS_WARPS,
                              num_stages=_SQ8_LOGITS_STAGES if sq8 else _LOGITS_STAGES)
     return Logits(rank, pmax, psum)

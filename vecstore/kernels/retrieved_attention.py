@@ -3,7 +3,9 @@
 The rows are read in place from the KV rows through a row map (:func:`fill_rowmap` writes it
 from the zones of :func:`vecstore.kernels.zone_select.select_ranked`), or from a contiguous
 execution buffer (an offloaded view's, :class:`vecstore.buffer.WaveBuffer`). Each split writes
-a partial ``(out, lse)``; :func:`vecstore.kernels.merge_parts.combine` merges them.
+a partial ``(out, lse)``; :func:`vecstore.kernels.merge_parts.combine` merges them. With
+``SOFTCAP`` the scores are soft-capped, ``softcap * tanh(s / softcap)`` (Gemma 2); without it
+the kernel compiles as before.
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
@@ -39,9 +41,9 @@ _ROWMAP_CLUSTERS = 32  # retrieved clusters per program of the row-map kernel
 def _retrieved_kernel(
     q_ptr, k_ptr, v_ptr, map_ptr, cum_ptr, count_ptr, span_ptr,
     part_out_ptr, part_lse_ptr,
-    N, M, R_MAX, scale, split_base, num_parts,
+    N, M, R_MAX, scale, softcap, split_base, num_parts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    CONTIG: tl.constexpr, SPAN: tl.constexpr, DOT_F32: tl.constexpr,
+    CONTIG: tl.constexpr, SPAN: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     # split `split` of the row's retrieved rows, read from a contiguous execution buffer
     # (CONTIG) or, in place, through the row map. SPAN 0: all of them; 1: positions
@@ -66,8 +68,8 @@ def _retrieved_kernel(
         else:
             src = tl.load(map_ptr + row * M + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = (row * N + src)[:, None] * D + offs_d[None, :]
-        m_i, l_i, acc = attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
-                                    DOT_F32)
+        m_i, l_i, acc = attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, softcap, m_i, l_i,
+                                    acc, DOT_F32, SOFTCAP)
     store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
                 split_base + split, num_parts, m_i, l_i, acc, D)
 
@@ -116,7 +118,8 @@ def fill_rowmap(zones: Zones, rowmap: torch.Tensor) -> None:
 def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, zones: Zones,
                      rowmap: torch.Tensor | None, scale: float,
                      parts: tuple[torch.Tensor, torch.Tensor], split_base: int, *,
-                     split: torch.Tensor | None = None, after_split: bool = False) -> None:
+                     split: torch.Tensor | None = None, after_split: bool = False,
+                     softcap: float | None = None) -> None:
     """Partial states of the retrieved rows.
 
     ``keys``/``values`` are ``[rows, N, D]``: with ``rowmap [rows, M]`` (from
@@ -126,6 +129,7 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     ``after_split``), spread evenly over the splits. ``q`` is ``[rows * G, D]``;
     ``parts`` the ``[rows * G, P, D]`` and ``[rows * G, P]`` float32 partial outputs and
     log-sum-exps, of which this writes ``retrieved_layout(M)[1]`` from ``split_base`` on.
+    ``softcap`` soft-caps the scores (``None``: no cap).
     """
     rows, n_rows, dim = keys.shape
     group = q.shape[0] // rows
@@ -134,8 +138,8 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     _RETRIEVED[(rows, num_splits)](
         q, keys, values, rowmap if rowmap is not None else zones.cum, zones.cum, zones.count,
         split if split is not None else zones.count, parts[0], parts[1], n_rows, m,
-        zones.ids.shape[1], scale, split_base, parts[1].shape[1],
+        zones.ids.shape[1], scale, softcap or 1.0, split_base, parts[1].shape[1],
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
         CONTIG=rowmap is None, SPAN=0 if split is None else 2 if after_split else 1,
-        DOT_F32=needs_f32_dot(keys.dtype),
+        DOT_F32=needs_f32_dot(keys.dtype), SOFTCAP=softcap is not None,
     )

@@ -1,7 +1,8 @@
 """Split-K attention over the steady zone: the sinks and the tokens not indexed yet, exactly.
 
 Each split writes a partial ``(out, lse)``; :func:`vecstore.kernels.merge_parts.combine`
-merges them with the other zones'. Rows are ``b * Hkv + h``; query rows
+merges them with the other zones'. With ``SOFTCAP`` the scores are soft-capped,
+``softcap * tanh(s / softcap)`` (Gemma 2); without it the kernel compiles as before. Rows are ``b * Hkv + h``; query rows
 ``(b * Hkv + h) * G + g``.
 """
 
@@ -28,9 +29,9 @@ _BLOCK_N = 64
 
 def _steady_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, part_out_ptr, part_lse_ptr,
-    H, S, scale, split_base, num_parts, split_len,
+    H, S, scale, softcap, split_base, num_parts, split_len,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     row, split, offs_d, qrows, g_mask = query_group(G, BLOCK_G, D)
     q = load_queries(q_ptr, qrows, offs_d, g_mask[:, None], D, DOT_F32)
@@ -42,8 +43,8 @@ def _steady_kernel(
         pos = p + tl.arange(0, BLOCK_N)
         pmask = pos < p1
         kv_off = (row * S + pos)[:, None] * D + offs_d[None, :]
-        m_i, l_i, acc = attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, m_i, l_i, acc,
-                                    DOT_F32)
+        m_i, l_i, acc = attend_rows(q, k_ptr, v_ptr, kv_off, pmask, scale, softcap, m_i, l_i,
+                                    acc, DOT_F32, SOFTCAP)
     store_state(part_out_ptr, part_lse_ptr, qrows, g_mask, g_mask[:, None], offs_d,
                 split_base + split, num_parts, m_i, l_i, acc, D)
 
@@ -58,15 +59,16 @@ def steady_splits(capacity: int) -> int:
 
 def attend_steady(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   lengths: torch.Tensor, scale: float,
-                  parts: tuple[torch.Tensor, torch.Tensor], split_base: int) -> None:
+                  parts: tuple[torch.Tensor, torch.Tensor], split_base: int,
+                  softcap: float | None = None) -> None:
     """Partial states of the steady zone ``keys``/``values`` ``[B, Hkv, S, D]`` (valid rows
-    ``lengths [B]``)."""
+    ``lengths [B]``); ``softcap`` soft-caps the scores (``None``: no cap)."""
     batch, heads, cap, dim = keys.shape
     rows = batch * heads
     group = q.shape[0] // rows
     _STEADY[(rows, steady_splits(cap))](
-        q, keys, values, lengths, parts[0], parts[1], heads, cap, scale, split_base,
-        parts[1].shape[1], STEADY_SPLIT,
+        q, keys, values, lengths, parts[0], parts[1], heads, cap, scale, softcap or 1.0,
+        split_base, parts[1].shape[1], STEADY_SPLIT,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
-        DOT_F32=needs_f32_dot(keys.dtype),
+        DOT_F32=needs_f32_dot(keys.dtype), SOFTCAP=softcap is not None,
     )

@@ -242,7 +242,7 @@ class _BufferedExecutor(TorchExecutor):
     def from_config(cls, config, accounts=None):
         return cls(config.executor.device, accounts)
 
-    def run(self, index, view, steady, q, scale, layer):
+    def run(self, index, view, steady, q, scale, layer, softcap=None):
         if view is not None and id(view) not in self.buffers:
             B, Hk, C = view.sizes.shape
             keys = view.keys.reshape(B * Hk, -1, view.keys.shape[-1])
@@ -250,7 +250,7 @@ class _BufferedExecutor(TorchExecutor):
             self.buffers[id(view)] = WaveBuffer(
                 keys, keys, num_clusters=C, r_max=4, exec_rows=64, num_slots=4, slot_tokens=8,
                 device=dev, account=self.accounts(dev))
-        return super().run(index, view, steady, q, scale, layer)
+        return super().run(index, view, steady, q, scale, layer, softcap)
 
     def release_view(self, view) -> None:
         self.retired.append(id(view))
