@@ -2,8 +2,8 @@
 
 Each split writes a partial ``(out, lse)``; :func:`vecstore.kernels.merge_parts.combine`
 merges them with the other zones'. With ``SOFTCAP`` the scores are soft-capped,
-``softcap * tanh(s / softcap)`` (Gemma 2); without it the kernel compiles as before. Rows are ``b * Hkv + h``; query rows
-``(b * Hkv + h) * G + g``.
+``softcap * tanh(s / softcap)`` (Gemma 2); without it the kernel compiles as before. Rows
+are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g``.
 """
 
 from __future__ import annotations
