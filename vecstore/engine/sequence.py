@@ -183,7 +183,7 @@ class Sequence:
             Softmax scale, ``1/sqrt(D)`` by default.
         softcap : float, optional
             Attention logit soft-cap, none by default (:meth:`Store.query
-            <vecstore.store.Store.query>`).
+            <vecstore.Store.query>`).
 
         Returns
         -------
