@@ -51,6 +51,9 @@ _FIXED_FOR_STORE = ("index.kind", "index.tokens_per_cluster", "index.segment_tok
                     "attention.update_tokens", "cluster.seed")
 
 
+_NO_OVERRIDE = LayerOverride()  # built (and checked) once: for_layer runs on every query
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreConfig:
     """Every setting of a store.
@@ -97,7 +100,7 @@ class StoreConfig:
 
     def for_layer(self, layer: int) -> LayerConfig:
         """Effective settings of ``layer``."""
-        o = self.layers.get(layer, LayerOverride())
+        o = self.layers.get(layer, _NO_OVERRIDE)
         a = self.attention
         return LayerConfig(
             exact=o.exact,
