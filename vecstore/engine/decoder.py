@@ -20,15 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from vecstore.errors import InvalidValueError
-from vecstore.executor.base import Steady
-from vecstore.executor.wave_exec import WaveExecutor
-from vecstore.executor.wave_state import PreparedView, step_stats
-from vecstore.kernels.backend import resolve_backend
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import extend
 from vecstore.engine.tail import TailBuffer, writing
+from vecstore.errors import InvalidValueError
+from vecstore.executor.base import Steady
+from vecstore.executor.wave_exec import WaveExecutor
+from vecstore.executor.wave_state import PreparedView, add_step_stats, step_stats
+from vecstore.kernels.backend import resolve_backend
 
 __all__ = ["BatchDecoder", "LayerStep", "flush_due"]
 
@@ -93,11 +93,7 @@ class BatchDecoder:
         self._bad_ready = torch.cuda.Event() if dev.type == "cuda" else None
         self._expect = [self._heads(step) for step in layers]
         # on CUDA one Triton launch per layer does the stats and the NaN/Inf check
-        self._fused = None
-        if resolve_backend("auto", dev) == "triton":
-            from vecstore.kernels.step_stats import accumulate_step  # imports Triton
-
-            self._fused = accumulate_step
+        self._fused = resolve_backend("auto", dev) == "triton"
 
     # -- host side -----------------------------------------------------------------------
     @property
@@ -208,11 +204,9 @@ class BatchDecoder:
                                                          self.lengths), q[:, :, 0], scale,
                                        softcap)
             H = tail.keys.shape[1]  # step_stats counts tokens per KV head
-            if self._fused is not None:
-                z = res.zones
-                self._fused(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts,
-                            res.lse, self.lengths, step.prep.tokens_total, H,
-                            self.stats[layer], (q, k, v), self.finite[layer])
+            if self._fused:
+                add_step_stats(res, self.lengths, step.prep.tokens_total, H, self.stats[layer],
+                               (q, k, v), self.finite[layer])
             else:
                 self.finite[layer] = torch.isfinite(torch.cat([q.flatten(), k.flatten(),
                                                                v.flatten()])).all()

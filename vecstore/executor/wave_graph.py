@@ -12,7 +12,12 @@ from collections.abc import Callable
 import torch
 
 from vecstore.executor.base import Steady
-from vecstore.executor.wave_state import CapturedStep, DecodeResult, PreparedView
+from vecstore.executor.wave_state import (
+    CapturedStep,
+    DecodeResult,
+    PreparedView,
+    add_step_stats,
+)
 
 __all__ = ["Step", "replay"]
 
@@ -88,11 +93,6 @@ def _capture(prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady, wh
 def _stats(res: DecodeResult, steady: Steady, indexed: int, H: int) -> torch.Tensor:
     """:func:`~vecstore.executor.wave_state.step_stats` in two launches (a zeroed
     accumulator and one Triton kernel) instead of some twenty small ones."""
-    # triton is imported here, not at module import: it is an optional dependency
-    from vecstore.kernels.step_stats import accumulate_step
-
     stats = torch.zeros(5, dtype=torch.float64, device=res.lse.device)
-    z = res.zones
-    accumulate_step(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts, res.lse,
-                    steady.lengths, indexed, H, stats)
+    add_step_stats(res, steady.lengths, indexed, H, stats)
     return stats

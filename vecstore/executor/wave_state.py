@@ -17,7 +17,8 @@ from vecstore.index.base import Index, IndexView, UnitSummary
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore.base import MemoryAccount
 
-__all__ = ["PreparedView", "DecodeResult", "CapturedStep", "step_stats", "prepare_view"]
+__all__ = ["PreparedView", "DecodeResult", "CapturedStep", "step_stats", "add_step_stats",
+           "prepare_view"]
 
 
 @dataclass
@@ -134,6 +135,20 @@ def step_stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H:
     total = (steady_rows + indexed // H).double()
     tokens_exact = torch.round((steady_rows * H + exact).double() / H)
     return torch.stack([total, tokens_exact, retrieved.double(), estimated.double(), mass])
+
+
+def add_step_stats(res: DecodeResult, steady_lengths: torch.Tensor, indexed: int, H: int,
+                   stats: torch.Tensor, checked: tuple[torch.Tensor, ...] = (),
+                   finite: torch.Tensor | None = None) -> None:
+    """Add :func:`step_stats` to the float64 ``[5]`` ``stats`` in one Triton launch, and clear
+    the int32 ``finite`` flag if a tensor of ``checked`` holds a NaN or Inf
+    (:func:`vecstore.kernels.step_stats.accumulate_step`; CUDA, or the interpreter)."""
+    # triton is imported here, not at module import: it is an optional dependency
+    from vecstore.kernels.step_stats import accumulate_step
+
+    z = res.zones
+    accumulate_step(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts, res.lse,
+                    steady_lengths, indexed, H, stats, checked, finite)
 
 
 def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, index: Index, *,
