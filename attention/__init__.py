@@ -14,9 +14,9 @@ from attention.exact import sdpa as sdpa
 from attention.exact import sdpa_lower_right as sdpa_lower_right
 from attention.gqa import group_size as group_size
 from attention.gqa import repeat_kv as repeat_kv
+from attention.prefill import prefill as prefill
 from attention.store_attention import DecodeStats as DecodeStats
 from attention.store_attention import StoreAttention as StoreAttention
-from attention.prefill import prefill as prefill
 
 __all__ = ["StoreAttention", "DecodeStats", "prefill", "decode", "ingest", "query_store",
            "sdpa", "sdpa_lower_right", "causal_mask", "group_size", "repeat_kv"]

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
              f"SmolLM2-135M-Instruct on the CPU ({meta['torch_threads']} threads), prompt of "
              f"{meta['prompt_tokens']} tokens; plain rate = ({args.long} - {args.short}) tokens "
              f"over the difference of the fastest of {args.repeats} `generate` calls each.", "",
-             "| cache | demo tokens/s | plain generate tokens/s | demo / plain |", "|---|---|---|---|"]
+             "| cache | demo tokens/s | plain generate tokens/s | demo / plain |",
+             "|---|---|---|---|"]
     lines += [f"| {r['cache']} | {r['demo_tokens_per_s']:.2f} | {r['plain_tokens_per_s']:.2f} "
               f"| {r['demo_over_plain']:.2f} |" for r in rows]
     (args.out / "demo_check.md").write_text("\n".join(lines) + "\n")

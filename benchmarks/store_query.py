@@ -88,7 +88,6 @@ def run(batch: int, tokens: int, kind: str, reps: int) -> dict:
             row["sdpa_ms"] = _loop(lambda x: F.scaled_dot_product_attention(
                 x, keys, values, enable_gqa=True), queries4, reps)
             row["speedup_vs_sdpa"] = row["sdpa_ms"] / user
-        del graph, prep
     return row
 
 

@@ -10,11 +10,11 @@ import torch
 from hypothesis import settings
 
 from vecstore import Store
-from vecstore.policies import POLICIES
 from vecstore.cluster import CLUSTERERS
 from vecstore.executor import EXECUTORS
 from vecstore.index import INDEXES
 from vecstore.kvstore import KVSTORES
+from vecstore.policies import POLICIES
 from vecstore.registry import Registry
 
 settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True)

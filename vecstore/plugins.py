@@ -3,13 +3,13 @@ anything is built or written."""
 
 from __future__ import annotations
 
-from vecstore.policies import POLICIES
 from vecstore.cluster import CLUSTERERS
 from vecstore.config import StoreConfig
 from vecstore.executor import EXECUTORS
 from vecstore.executor.base import resolve_kind
 from vecstore.index import INDEXES
 from vecstore.kvstore import KVSTORES
+from vecstore.policies import POLICIES
 
 __all__ = ["check_plugins"]
 

@@ -27,9 +27,9 @@ import torch
 
 from integrations.hf.cache_arg import cache_kwarg
 from vecstore.engine.decoder import BatchDecoder
-from vecstore.errors import InvalidValueError
-from vecstore.engine.tail import writing
 from vecstore.engine.sequence import Sequence
+from vecstore.engine.tail import writing
+from vecstore.errors import InvalidValueError
 
 __all__ = ["DecodeGraph", "GraphedCache", "graphed_forward"]
 
@@ -78,7 +78,8 @@ class DecodeGraph:
     Parameters
     ----------
     cache : GraphedCache
-        The cache whose steps it serves (a :class:`~integrations.hf.cache.WaveCache`); other forward calls go to ``forward`` unchanged.
+        The cache whose steps it serves (a :class:`~integrations.hf.cache.WaveCache`);
+        other forward calls go to ``forward`` unchanged.
     forward : callable
         The model's ``forward`` it wraps.
     previous : callable, optional

@@ -31,8 +31,8 @@ from integrations.hf.attention_fn import BINDING_ATTR, vecstore_attention, vecst
 from integrations.hf.capabilities import ModelShape, attention_modules, model_shape
 from vecstore.errors import IncompatibleError
 
-__all__ = ["ATTENTION_NAME", "AttendingCache", "ModelBinding", "ModelShape", "install", "model_shape",
-           "model_fingerprint"]
+__all__ = ["ATTENTION_NAME", "AttendingCache", "ModelBinding", "ModelShape", "install",
+           "model_shape", "model_fingerprint"]
 
 ATTENTION_NAME = "vecstore"
 """The name the attention and mask functions are registered under."""

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from tests.vecstore.policies.policy_driver import STATEFUL, machine
-from vecstore.policies import POLICIES, CachePolicy, make_policy
 from vecstore.errors import CapacityError, InvalidValueError
+from vecstore.policies import POLICIES, CachePolicy, make_policy
 
 NAMES = POLICIES.names()
 STEPS = st.lists(st.lists(st.integers(0, 11), unique=True, max_size=8), min_size=1, max_size=12)

@@ -75,5 +75,6 @@ def test_fused_check_sees_a_bad_value_past_the_first_block():
         finite = torch.ones((), dtype=torch.int32)
         module.accumulate_step(z.cum, z.count, z.est_count, res.parts_lse,
                                res.num_exact_parts, res.lse, steady.lengths,
-                               prep.tokens_total, H, torch.zeros(5, dtype=torch.float64), (x, k, v), finite)
+                               prep.tokens_total, H, torch.zeros(5, dtype=torch.float64),
+                               (x, k, v), finite)
         assert int(finite) == ok

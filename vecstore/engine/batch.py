@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.shared_tail import gather, holds
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import MemoryAccount, shape_bytes
 from vecstore.kvstore.placement import Placement
-from vecstore.engine.layer_state import LayerState
-from vecstore.engine.sequence import Sequence
-from vecstore.engine.shared_tail import gather, holds
 
 __all__ = ["BatchViews", "stack_steady", "empty_view"]
 

@@ -11,7 +11,8 @@ __all__ = ["LayerMark"]
 
 @dataclass(frozen=True, slots=True)
 class LayerMark:
-    """A layer as it was when a transaction first touched it (:meth:`vecstore.engine.layer_state.LayerState.mark`).
+    """A layer as it was when a transaction first touched it
+    (:meth:`vecstore.engine.layer_state.LayerState.mark`).
 
     Tensors are never modified in place (appends build new ones), so keeping
     references is enough to restore them.

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from vecstore.config import StoreConfig
+from vecstore.engine.layer_image import LayerImage, place_segments
+from vecstore.engine.layer_mark import LayerMark
+from vecstore.engine.tail import TailBuffer
 from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import StoredRows
 from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
-from vecstore.engine.layer_image import LayerImage, place_segments
-from vecstore.engine.layer_mark import LayerMark
-from vecstore.engine.tail import TailBuffer
 
 __all__ = ["LayerState"]
 
@@ -52,7 +52,8 @@ class LayerState:
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.version = 0  # bumped whenever segments change
         self._indexed = (0, 0)  # (version, tokens in segments) of the last count
-        self.tail_buffer: TailBuffer | None = None  # shared with a batch (vecstore.engine.shared_tail)
+        # shared with a batch (vecstore.engine.shared_tail)
+        self.tail_buffer: TailBuffer | None = None
         self._view: IndexView | None = None
         self._image: LayerImage | None = None
         self._retired: list[IndexView] = []

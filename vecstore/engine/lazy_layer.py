@@ -9,9 +9,9 @@ from collections.abc import Callable
 import torch
 
 from vecstore.config import StoreConfig
+from vecstore.engine.layer_state import LayerState
 from vecstore.index.base import Index
 from vecstore.kvstore.placement import Placement
-from vecstore.engine.layer_state import LayerState
 from vecstore.storage.records import LoadedLayer
 
 __all__ = ["LazyLayer"]

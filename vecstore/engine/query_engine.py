@@ -7,18 +7,18 @@ from collections.abc import Iterable
 
 import torch
 
-from vecstore.engine.batch import BatchViews, stack_steady
 from vecstore.checks import check_finite, check_index, check_tensor
 from vecstore.config import StoreConfig
+from vecstore.engine.batch import BatchViews, stack_steady
 from vecstore.engine.decoder import BatchDecoder, LayerStep, flush_due
+from vecstore.engine.layer_indexes import LayerIndexes
+from vecstore.engine.layer_state import LayerState
+from vecstore.engine.sequence import Sequence, SequenceOwner
 from vecstore.errors import CapacityError, InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Executor
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.index.base import IndexView
 from vecstore.kvstore.placement import Placement
-from vecstore.engine.layer_indexes import LayerIndexes
-from vecstore.engine.layer_state import LayerState
-from vecstore.engine.sequence import Sequence, SequenceOwner
 from vecstore.types import QueryResult, QueryStats
 
 __all__ = ["QueryEngine"]

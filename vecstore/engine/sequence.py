@@ -13,10 +13,10 @@ from vecstore.checks import (
     check_positive_int,
     check_tensor,
 )
+from vecstore.engine.layer_state import LayerState
 from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
-from vecstore.engine.layer_state import LayerState
 from vecstore.types import QueryResult, SearchResult
 
 __all__ = ["Sequence", "SequenceOwner"]

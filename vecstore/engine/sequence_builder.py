@@ -8,11 +8,11 @@ from functools import partial
 import torch
 
 from vecstore.config import StoreConfig
-from vecstore.kvstore.placement import Placement
 from vecstore.engine.layer_indexes import LayerIndexes
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.lazy_layer import LazyLayer
 from vecstore.engine.sequence import Sequence, SequenceOwner
+from vecstore.kvstore.placement import Placement
 from vecstore.storage.persistence import Persistence
 
 __all__ = ["SequenceBuilder"]

@@ -10,13 +10,13 @@ import torch
 
 from vecstore.checks import check_device, check_new_sequence
 from vecstore.config import StoreConfig, load_config
+from vecstore.engine.sequence import Sequence
+from vecstore.engine.store_data import StoreData
 from vecstore.errors import AlreadyExistsError, InvalidValueError, NotFoundError, ReadOnlyError
 from vecstore.plugins import check_plugins
-from vecstore.engine.sequence import Sequence
 from vecstore.storage.maintenance import GcReport, StoreInfo, collect_garbage, describe
 from vecstore.storage.persistence import Persistence
 from vecstore.storage.verify import VerifyReport, verify_store
-from vecstore.engine.store_data import StoreData
 
 __all__ = ["Store"]
 

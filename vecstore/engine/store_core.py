@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Self
 
 from vecstore.config import StoreConfig
-from vecstore.errors import ReadOnlyError, StoreClosedError
-from vecstore.executor.base import Executor, build_executor
-from vecstore.index.base import Index
-from vecstore.kvstore.placement import Placement
 from vecstore.engine.layer_indexes import LayerIndexes
 from vecstore.engine.query_engine import QueryEngine
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.sequence_builder import SequenceBuilder
-from vecstore.storage.persistence import Persistence
 from vecstore.engine.transaction import Transaction
 from vecstore.engine.writer import Writer
+from vecstore.errors import ReadOnlyError, StoreClosedError
+from vecstore.executor.base import Executor, build_executor
+from vecstore.index.base import Index
+from vecstore.kvstore.placement import Placement
+from vecstore.storage.persistence import Persistence
 
 __all__ = ["StoreCore"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from vecstore.checks import check_all_finite, check_tensor
-from vecstore.errors import ShapeError
 from vecstore.engine.query_engine import QueryEngine
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import append_tails
 from vecstore.engine.transaction import Transaction
+from vecstore.errors import ShapeError
 
 __all__ = ["Writer"]
 

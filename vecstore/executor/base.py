@@ -8,11 +8,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from vecstore.policies.base import POLICIES
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels.backend import has_triton
 from vecstore.kvstore.base import MemoryAccount
+from vecstore.policies.base import POLICIES
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 

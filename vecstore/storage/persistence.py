@@ -37,6 +37,7 @@ from vecstore.errors import (
     SequenceDroppedError,
 )
 from vecstore.index.base import INDEXES
+from vecstore.storage.blame import map_checked
 from vecstore.storage.codec import (
     SegmentShape,
     decode_chunks,
@@ -44,7 +45,6 @@ from vecstore.storage.codec import (
     encode_chunk,
     encode_segment,
 )
-from vecstore.storage.blame import map_checked
 from vecstore.storage.files import fsync_dir, make_dir, write_atomic
 from vecstore.storage.opening import Opened, open_store
 from vecstore.storage.orphans import mark_dropped

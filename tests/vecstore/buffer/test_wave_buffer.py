@@ -7,10 +7,10 @@ import torch
 
 from tests.interpreter import interpreted, request_interpreter
 from vecstore.buffer import PolicyBookkeeper, StepRecord, WaveBuffer
-from vecstore.policies import POLICIES
 from vecstore.errors import CapacityError
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore import MemoryAccount
+from vecstore.policies import POLICIES
 
 ROWS, C, D = 2, 40, 16
 

@@ -62,7 +62,8 @@ def _check_in_place(device, rows, group, dim, num_clusters, picks, dtype, gen):
     attend_retrieved(q.to(device), keys.to(device), values.to(device), z, rowmap, dim ** -0.5,
                      parts, 0)
     out, lse = merged_parts(parts, 0, splits)
-    assert_state_close(out, lse, *_reference(q, keys, values, valid, group), tolerance(dtype, device))
+    assert_state_close(out, lse, *_reference(q, keys, values, valid, group),
+                       tolerance(dtype, device))
 
 
 def _check_execution_buffer(device, rows, group, dim, num_clusters, picks, dtype, gen):

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from vecstore.policies import make_policy
 from vecstore.errors import CapacityError, InvalidValueError, NotFoundError
+from vecstore.policies import make_policy
 
 STATEFUL = settings(max_examples=40, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

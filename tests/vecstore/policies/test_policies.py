@@ -22,8 +22,8 @@ from tests.vecstore.policies.policy_models import (
     RefLRU,
     RefS3FIFO,
 )
-from vecstore.policies import POLICIES, make_policy
 from vecstore.errors import ConfigError
+from vecstore.policies import POLICIES, make_policy
 
 REFERENCES = [("lru", RefLRU), ("fifo", RefFIFO), ("lfu", RefLFU), ("clock", RefClock),
               ("arc", RefARC), ("s3fifo", RefS3FIFO)]
