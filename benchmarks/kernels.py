@@ -135,12 +135,12 @@ class Step:
         gather = est[..., None].expand(-1, -1, D)
         log_n = self.sizes.gather(1, est).float().log()[:, None]
         kv = (self.keys[:, None], self.values[:, None])
+        k2 = int(self.k2[0])  # read here: a capture cannot copy to the host
         return {
             "centroid_logits": lambda: bound_logits(self.grouped()[None, :, 0], dq,
                                                     self.radii[None], SCALE, RADIUS_WEIGHT),
             "select_ranked": lambda: torch.topk(group_softmax_rank(
-                self.logits.rank.view(1, self.rows, G, 1, -1), self.sizes[None]),
-                int(self.k2[0])),
+                self.logits.rank.view(1, self.rows, G, 1, -1), self.sizes[None]), k2),
             "attend_retrieved": lambda: attend(self.grouped(), *kv, self.retrieved_mask(),
                                                SCALE),
             "attend_steady": lambda: attend(self.grouped(), self.steady_k.flatten(0, 1)[:, None],

@@ -199,6 +199,33 @@ def test_gpu_bf16_matches_reference(monkeypatch, offload, groups):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("offload", [False, True], ids=["resident", "offloaded"])
+def test_gpu_capped_scores_match_the_capped_reference(offload):
+    # Gemma 2's soft cap compiled (SOFTCAP constexpr) in every zone's kernel, captured and
+    # eager; keys scaled so the cap of 2 bends most scores
+    gen = torch.Generator().manual_seed(12)
+    index, view, steady, q = _batch(gen, torch.bfloat16, lengths=(20000, 9000), device="cuda")
+    q = q * 3
+    ref_view = view
+    if offload:
+        from vecstore.kvstore import PinnedKVStore
+
+        rows = PinnedKVStore().store(view.keys, view.values)
+        view = IndexView(keys=rows.keys, values=rows.values, offsets=view.offsets,
+                         sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    layer = CFG.for_layer(0)
+    ref = TorchExecutor("cuda").run(index, ref_view, steady, q, D ** -0.5, layer, 2.0)
+    uncapped = TorchExecutor("cuda").run(index, ref_view, steady, q, D ** -0.5, layer)
+    assert rel_err(uncapped[0], ref[0]) > 0.05
+    for ex in (WaveExecutor("cuda", score_dtype=torch.float32),
+               WaveExecutor("cuda", score_dtype=torch.float32, use_graphs=False)):
+        for _ in range(2):  # eager warm-up and capture, then a replay
+            out, lse, stats = ex.run(index, view, steady, q, D ** -0.5, layer, 2.0)
+            assert rel_err(out, ref[0]) < 1e-2 and rel_err(lse, ref[1]) < 1e-4
+            assert stats.units_retrieved == ref[2].units_retrieved
+
+
+@pytest.mark.gpu
 def test_gpu_int8_scoring_matches_reference_on_dequantized_centroids():
     gen = torch.Generator().manual_seed(9)
     index, view, steady, q = _batch(gen, torch.bfloat16, lengths=(20000, 9000), device="cuda")

@@ -65,7 +65,18 @@ def softmax_norm(pmax, psum):
 
 
 @triton.jit
-def group_score(logits, m, inv_z):
-    # the softmax of logits [G, N] summed over the group [N]; -inf where every head's is -inf
-    score = tl.sum(tl.exp(logits - m[:, None]) * inv_z[:, None], axis=0)
-    return tl.where(tl.max(logits, axis=0) > float("-inf"), score, float("-inf"))
+def group_score(rank_ptr, qrow0, C, idx, valid, m, inv_z, offs_g, G: tl.constexpr):
+    # sum over the group's G heads of softmax(logits)_j for clusters idx (-inf where every
+    # head's logit is -inf), from each head's max m [BLOCK_G] and 1 / z; the heads' logits
+    # rows start at query row qrow0. Head by head in one order, so a cluster's score is a
+    # function of its logits only: a [G, N] reduction rounds by where a column sits, which
+    # split exact ties by an ulp and broke the by-id order of tied clusters (seen on the H200)
+    score = tl.zeros(idx.shape, tl.float32)
+    best = tl.full(idx.shape, float("-inf"), tl.float32)
+    for g in tl.static_range(G):
+        lg = tl.load(rank_ptr + (qrow0 + g) * C + idx, mask=valid, other=float("-inf"))
+        m_g = tl.sum(tl.where(offs_g == g, m, 0.0), axis=0)
+        inv_z_g = tl.sum(tl.where(offs_g == g, inv_z, 0.0), axis=0)
+        score += tl.exp(lg - m_g) * inv_z_g
+        best = tl.maximum(best, lg)
+    return tl.where(best > float("-inf"), score, float("-inf"))

@@ -41,9 +41,7 @@ def _score_kernel(
     m, inv_z = softmax_norm(pm, ps)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < C
-    lg = tl.load(rank_ptr + qrows[:, None] * C + idx[None, :],
-                 mask=g_mask[:, None] & valid[None, :], other=float("-inf"))
-    sc = group_score(lg, m, inv_z)
+    sc = group_score(rank_ptr, row * G, C, idx, valid, m, inv_z, tl.arange(0, BLOCK_G), G)
     tl.store(score_ptr + row * C + idx, sc, mask=valid)
     key = radix_keys(sc)  # the first radix pass: no prefix yet, the same for k1 and k2
     hist = counts_ptr + row * 2 * PASSES * (1 << BITS)

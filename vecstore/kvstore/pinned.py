@@ -8,6 +8,7 @@ kernels read a step's missed clusters from it directly, without a staging copy.
 from __future__ import annotations
 
 import mmap
+import weakref
 
 import torch
 
@@ -17,9 +18,43 @@ from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows
 __all__ = ["PinnedKVStore"]
 
 
-def _page_aligned(num_bytes: int) -> torch.Tensor:
-    """``num_bytes`` of anonymous, page-aligned memory that no other allocation shares."""
-    return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.uint8)
+def _page_aligned(num_bytes: int) -> tuple[torch.Tensor, mmap.mmap, memoryview]:
+    """``num_bytes`` of anonymous, page-aligned memory that no other allocation shares; the
+    tensor views the mapping through the memoryview, which lives exactly as long as the
+    tensor and every view of it."""
+    mapping = mmap.mmap(-1, num_bytes)
+    exported = memoryview(mapping)
+    return torch.frombuffer(exported, dtype=torch.uint8), mapping, exported
+
+
+def _pinned(num_bytes: int) -> torch.Tensor:
+    """``num_bytes`` of page-locked host memory of its own, registered with CUDA until the
+    last tensor viewing it goes, and unregistered before it is unmapped: a range unmapped
+    while registered could be mapped again at the same addresses, which CUDA then refuses
+    to register (cudaErrorHostMemoryAlreadyRegistered)."""
+    host, mapping, exported = _page_aligned(num_bytes)
+    err = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), num_bytes, 0))
+    if err != 0:
+        _clear_pending_error()
+        raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {num_bytes} bytes "
+                            f"({torch.cuda.CudaError(err)})")
+    # the finalizer holds the mapping, so it is unmapped only after the unregister
+    weakref.finalize(exported, _unpin, host.data_ptr(), mapping)
+    return host
+
+
+def _unpin(ptr: int, mapping: mmap.mmap) -> None:
+    # ``mapping`` is passed only to be held until now
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def _clear_pending_error() -> None:
+    # a failed runtime call leaves its error for the next check, which torch makes after its
+    # next kernel launch: make that check here, so the failure does not surface elsewhere
+    try:
+        torch.ones(1, device="cuda").add_(1)
+    except torch.AcceleratorError:
+        pass
 
 
 @KVSTORES.register("pinned")
@@ -67,19 +102,9 @@ class PinnedKVStore:
                 # register pages of our own in place: torch's pinned allocator would round
                 # each tensor up to a power of two, nearly doubling a large layer's pinned
                 # memory, and heap memory may share a page with a range already registered
-                size = num_bytes // 2
-                host = _page_aligned(size).view(dtype).view(shape)
-                err = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0))
-                if err != 0:
-                    torch.cuda.cudart().cudaGetLastError()  # not left for torch to report
-                    raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {size} "
-                                        f"bytes (cudaHostRegister error {err})")
-                out.append(host)
+                out.append(_pinned(num_bytes // 2).view(dtype).view(shape))
         except BaseException:
-            if self.is_pinned:
-                for x in out:
-                    if x.numel():
-                        torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
+            out.clear()  # unpinned and unmapped now
             self._account.release(num_bytes)
             raise
         return StoredRows(out[0], out[1], num_bytes)
@@ -88,8 +113,6 @@ class PinnedKVStore:
         return copy_rows(self, keys, values)
 
     def free(self, rows: StoredRows) -> None:
-        if self.is_pinned:
-            for x in (rows.keys, rows.values):
-                if x.numel():
-                    torch.cuda.cudart().cudaHostUnregister(x.data_ptr())
+        # the pages stay pinned while anything (a copy in flight, a captured graph's
+        # arguments) still views them; they are unpinned and unmapped when nothing does
         self._account.release(rows.num_bytes)
