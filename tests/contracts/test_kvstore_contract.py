@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vecstore.errors import CapacityError
+from vecstore.errors import CapacityError, InvalidValueError
 from vecstore.kvstore import KVSTORES, KVStore, MemoryAccount, make_kvstore
 
 KINDS = KVSTORES.names()
@@ -89,3 +89,52 @@ def test_a_resident_tier_charges_the_account_it_is_given(kind: str) -> None:
     assert shared.used_bytes == rows.num_bytes == 256
     tier.free(rows)
     assert shared.used_bytes == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extended_rows_keep_theirs_and_charge_what_they_add(kind: str,
+                                                            dtype: torch.dtype) -> None:
+    tier = make_kvstore(kind)
+    keys, values = _rows((3, 37, 8), dtype, 3), _rows((3, 37, 8), dtype, 4)
+    rows = tier.store(keys, values)
+    held = [(keys, values)]
+    for n in (37, 40, 300, 301, 2000):
+        grown = tier.extend(rows, n, "layer 0")
+        if grown is None:  # the tier does not grow rows: nothing changed
+            assert tier.account.used_bytes == rows.num_bytes
+            break
+        rows = grown
+        assert rows.keys.shape == rows.values.shape == (3, n, 8)
+        assert rows.keys.device == tier.device and rows.keys.dtype == dtype
+        for x in (rows.keys, rows.values):  # every head's rows contiguous
+            assert x.stride()[1:] == (8, 1) and x.stride(0) >= n * 8
+        assert rows.num_bytes == tier.account.used_bytes == 2 * 3 * n * 8 * keys.element_size()
+        for k, v in held:  # rows written before are kept, new rows are writable
+            m = k.shape[1]
+            assert torch.equal(rows.keys[:, :m].cpu(), k)
+            assert torch.equal(rows.values[:, :m].cpu(), v)
+        new = _rows((3, n - held[-1][0].shape[1], 8), dtype, n)
+        rows.keys[:, held[-1][0].shape[1]:] = new.to(rows.keys.device)
+        rows.values[:, held[-1][0].shape[1]:] = (-new).to(rows.keys.device)
+        held.append((rows.keys.cpu().clone(), rows.values.cpu().clone()))
+    tier.free(rows)
+    assert tier.account.used_bytes == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_extending_past_the_budget_changes_nothing(kind: str) -> None:
+    tier = make_kvstore(kind, budget_gb=8192 / 2**30)  # 8 KiB
+    keys = _rows((2, 16, 32), torch.float32, 5)
+    rows = tier.store(keys, keys)
+    for num_rows, error, match in ((17, CapacityError, "layer 3 needs "),
+                                   (15, InvalidValueError, "num_rows: expected >= the 16")):
+        try:
+            grown = tier.extend(rows, num_rows, "layer 3")
+        except error as e:
+            assert match in str(e)
+        else:
+            assert grown is None  # a tier that grows rows must refuse these
+        assert tier.account.used_bytes == 8192 and torch.equal(rows.keys.cpu(), keys)
+    tier.free(rows)
+    assert tier.account.used_bytes == 0

@@ -54,9 +54,14 @@ def problems(draw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(problem=problems(), spare=st.integers(0, 3))
-def test_matches_index_select_bit_exactly(problem: tuple, spare: int) -> None:
+@given(problem=problems(), spare=st.integers(0, 3), room=st.integers(0, 2))
+def test_matches_index_select_bit_exactly(problem: tuple, spare: int, room: int) -> None:
     store, starts, lengths = problem
+    if room:  # heads further apart than their rows, as in a tier's reserve
+        H, N, D = store.shape
+        reserve = torch.full((H, N + room, D), 7, dtype=BITS[store.dtype]).view(store.dtype)
+        reserve[:, :N] = store
+        store = reserve[:, :N]
     want = _reference(store, starts, lengths)
     totals = [len(rows) for rows in want]
     got = gather_clusters(store, starts, lengths)
@@ -93,7 +98,8 @@ BAD = [
     ("store", [[1.0]], ShapeError, "store: expected a torch.Tensor"),
     ("store", torch.zeros(10, 4), ShapeError, r"store: expected shape \(\*, \*, \*\)"),
     ("store", torch.zeros(2, 10, 4, dtype=torch.int16), ShapeError, "store: expected dtype"),
-    ("store", torch.zeros(2, 4, 10).transpose(1, 2), ShapeError, "store: expected a contiguous"),
+    ("store", torch.zeros(2, 4, 10).transpose(1, 2), ShapeError,
+     r"KV rows must be \[rows, N, D\] with contiguous \[N, D\] blocks"),
     ("store", torch.zeros(2, 10, 4, device="meta"), ShapeError, "store: expected a CPU tensor"),
     ("starts", torch.tensor([[0, 5], [2, 8]], dtype=torch.int32), ShapeError, "starts: .*int64"),
     ("starts", torch.tensor([[0, 5]]), ShapeError, r"starts: expected shape \(2, \*\)"),

@@ -79,6 +79,30 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
                                            ref[2].units_retrieved, ref[2].units_estimated)
 
 
+@pytest.mark.parametrize("offload", [False, True], ids=["resident", "offloaded"])
+@interpreted
+def test_rows_further_apart_than_their_length_read_as_contiguous_rows(offload):
+    # a tier's reserve: each head's rows contiguous, heads a reserve apart
+    gen = torch.Generator().manual_seed(10)
+    index, view, steady, q = _batch(gen, torch.float32, lengths=(1500,))
+    _, heads, n, dim = view.keys.shape
+    spread = []
+    for x in (view.keys, view.values):
+        reserve = torch.full((1, heads, n + 37, dim), float("nan"))
+        reserve[:, :, :n] = x
+        spread.append(reserve[:, :, :n])
+    apart = IndexView(keys=spread[0], values=spread[1], offsets=view.offsets,
+                      sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    layer = CFG.for_layer(0)
+    want = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=offload).run(
+        index, view, steady, q, D ** -0.5, layer)
+    got = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=offload).run(
+        index, apart, steady, q, D ** -0.5, layer)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ref = TorchExecutor().run(index, apart, steady, q, D ** -0.5, layer)
+    assert rel_err(got[0], ref[0]) < 1e-5
+
+
 def _dequantized(view: IndexView) -> IndexView:
     # the view with its centroids replaced by what their SQ8 codes stand for
     codes, scale = quantize(view.meta["centroids"])

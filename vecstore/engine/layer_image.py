@@ -24,11 +24,16 @@ class LayerImage:
     account: MemoryAccount  # charged ``meta_bytes`` for the metadata
     meta_bytes: int
     view: IndexView
+    took_old_rows: bool = False  # rows are those of the image it was placed over, or grew them
 
     def holds(self, segments: list[Segment]) -> bool:
         """Whether ``segments`` are exactly this image's (placed, not replaced since)."""
-        return (len(self.segments) == len(segments)
-                and all(a is b for a, b in zip(self.segments, segments, strict=True)))
+        return len(self.segments) == len(segments) and self.begins(segments)
+
+    def begins(self, segments: list[Segment]) -> bool:
+        """Whether this image's segments are the first of ``segments``."""
+        return (len(self.segments) <= len(segments)
+                and all(a is b for a, b in zip(self.segments, segments, strict=False)))
 
     def over_rows(self, keys: torch.Tensor, values: torch.Tensor) -> LayerImage:
         """The same image reading its rows from ``keys, values`` (``[Hkv, N, D]``, holding
@@ -56,34 +61,41 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
                    dtype: torch.dtype, what: str, old: LayerImage | None) -> LayerImage:
     """Place ``segments``' rows and metadata for a layer on ``device``; charges the budgets
     (raising :class:`~vecstore.errors.CapacityError`) before allocating. Changes nothing
-    else. ``old`` (the layer's current image): rows whose tier does not change are kept.
-    ``what`` names the layer in budget errors."""
+    else. ``old`` (the layer's current image): rows whose tier does not change are kept, and
+    where ``segments`` only add to ``old``'s, the tier grows ``old``'s rows in place if it can
+    (:meth:`~vecstore.kvstore.base.KVStore.extend`: only the new rows are copied); the
+    image returned then took ``old``'s rows (``took_old_rows``). ``what`` names the layer
+    in budget errors."""
     H, D = segments[0].keys.shape[0], segments[0].keys.shape[2]
     N = sum(s.num_tokens for s in segments)
     tier = placement.tier(device)
     what = f"{what} ({len(segments)} segments, {N} tokens)"
-    # moving a placed layer between devices keeps rows whose tier does not change
-    reuse = old is not None and old.tier is tier and old.holds(segments)
-    rows = old.rows if reuse and old is not None else tier.allocate(
-        (H, N, D), dtype, f"the rows of {what}")
+    same_tier = old is not None and old.tier is tier
     account = placement.device_account(device)
     units = sum(s.num_units for s in segments)
     meta_bytes = (sum(_nbytes(v) for s in segments for v in s.meta.values())
                   + sum(_nbytes(s.offsets) for s in segments) + 8 * H * (2 * units + 1))
+    account.charge(meta_bytes, f"the index metadata of {what}")
     try:
-        account.charge(meta_bytes, f"the index metadata of {what}")
+        # moving a placed layer between devices keeps rows whose tier does not change
+        rows, kept = None, 0
+        if same_tier and old is not None and old.begins(segments):
+            kept = len(old.segments)
+            rows = old.rows if kept == len(segments) else tier.extend(
+                old.rows, N, f"the rows of {what}")
+        if rows is None:
+            rows, kept = tier.allocate((H, N, D), dtype, f"the rows of {what}"), 0
     except BaseException:
-        if not reuse:
-            tier.free(rows)
+        account.release(meta_bytes)
         raise
     # copy: nothing below fails for lack of budget
     meta = {k: torch.cat([s.meta[k].to(device) for s in segments], dim=1)
             for k in segments[0].meta}
     placed, parts, base, ubase = [], [segments[0].offsets[:, :1].to(device)], 0, 0
-    for s in segments:
+    for i, s in enumerate(segments):
         n, u = s.num_tokens, s.num_units
         k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
-        if not reuse:
+        if i >= kept:
             k.copy_(s.keys)
             v.copy_(s.values)
         offsets = s.offsets.to(device)
@@ -97,7 +109,7 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
                      offsets=view_offsets[None], sizes=view_offsets.diff(dim=-1)[None],
                      meta={key: t[None] for key, t in meta.items()},
                      num_units=torch.tensor([units]))
-    return LayerImage(placed, rows, tier, account, meta_bytes, view)
+    return LayerImage(placed, rows, tier, account, meta_bytes, view, took_old_rows=kept > 0)
 
 
 def _nbytes(t: torch.Tensor) -> int:

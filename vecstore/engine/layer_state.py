@@ -286,7 +286,7 @@ class LayerState:
         if not keep:
             self._image = image
             if old is not None:
-                old.free(keep_rows=image is not None and image.rows is old.rows)
+                old.free(keep_rows=image is not None and image.took_old_rows)
         if old_view is not None and old_view is not self._view and self.placement is not None:
             self._retired.append(old_view)
         self.version += 1

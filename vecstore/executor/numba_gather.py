@@ -18,6 +18,7 @@ import torch
 
 from vecstore.checks import SUPPORTED_DTYPES, check_tensor
 from vecstore.errors import InvalidValueError, ShapeError
+from vecstore.kernels.backend import row_stride
 
 __all__ = ["Gathered", "gather_clusters"]
 
@@ -74,8 +75,9 @@ def gather_clusters(
     Parameters
     ----------
     store : torch.Tensor
-        ``[Hkv, N, D]`` float32, float16 or bfloat16, contiguous, on the CPU (pinned or
-        not): keys or values of one layer, cluster-contiguous per head.
+        ``[Hkv, N, D]`` float32, float16 or bfloat16 on the CPU (pinned or not), each
+        head's ``[N, D]`` rows contiguous: keys or values of one layer, cluster-contiguous
+        per head.
     starts : torch.Tensor
         ``[Hkv, R]`` int64 first row of each selected cluster.
     lengths : torch.Tensor
@@ -107,7 +109,8 @@ def gather_clusters(
     if store.dtype not in _BITS:
         raise ShapeError(f"store: expected dtype one of {sorted(SUPPORTED_DTYPES)}, "
                          f"got {str(store.dtype).removeprefix('torch.')}")
-    _check_layout(store, "store", contiguous=True)
+    _check_layout(store, "store", contiguous=False)
+    row_stride(store)  # each head's rows contiguous (heads may sit further apart)
     num_heads, num_rows, dim = store.shape
     check_tensor(starts, "starts", shape=(num_heads, None), dtype=torch.int64)
     _check_layout(starts, "starts", contiguous=False)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from vecstore.errors import BackendUnavailableError, InvalidValueError
+from vecstore.errors import BackendUnavailableError, InvalidValueError, ShapeError
 
 __all__ = [
     "Backend",
@@ -34,6 +34,7 @@ __all__ = [
     "needs_f32_dot",
     "num_sms",
     "resolve_backend",
+    "row_stride",
 ]
 
 Backend = Literal["auto", "triton", "torch"]
@@ -140,3 +141,23 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 2
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def row_stride(*rows: torch.Tensor) -> int:
+    """Rows of ``D`` from one ``[rows, N, D]`` KV row to the next, the same for every tensor
+    of ``rows``: each row's ``[N, D]`` block must be contiguous, and blocks may sit further
+    apart than ``N`` rows (a tier grows a layer's rows in place within a reserve).
+
+    Examples
+    --------
+    >>> reserve = torch.zeros(4, 10, 8)
+    >>> row_stride(reserve[:, :6], reserve[:, :6])
+    10
+    """
+    x = rows[0]
+    dim = x.shape[-1]
+    for r in rows:
+        if r.stride()[1:] != (dim, 1) or r.stride(0) != x.stride(0) or r.stride(0) % dim:
+            raise ShapeError(f"KV rows must be [rows, N, D] with contiguous [N, D] blocks "
+                             f"a common whole number of rows apart, got strides {r.stride()}")
+    return x.stride(0) // dim

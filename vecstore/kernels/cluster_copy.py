@@ -13,7 +13,7 @@ import math
 import torch
 import triton.language as tl
 
-from vecstore.kernels.backend import LazyKernel, num_sms
+from vecstore.kernels.backend import LazyKernel, num_sms, row_stride
 from vecstore.kernels.exec_layout import ExecLayout
 
 __all__ = ["copy_clusters"]
@@ -33,7 +33,7 @@ _MISS_PROGRAMS_PER_SM = 1
 def _copy_kernel(
     count_ptr, size_ptr, slot_ptr, pos_ptr, split_ptr, src_start_ptr,
     src_k_ptr, src_v_ptr, dst_k_ptr, dst_v_ptr,
-    R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,
+    R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,  # rows from one KV row's block to the next
     MODE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # MODE 0: misses, source rows -> execution buffer; MODE 1: hits, cache slot -> execution
@@ -95,6 +95,6 @@ def copy_clusters(mode: int, layout: ExecLayout, slot: torch.Tensor,
     _COPY[(rows, programs)](
         layout.count, layout.size, slot, layout.pos, layout.split,
         src_start if src_start is not None else slot, src_k, src_v, dst_k, dst_v,
-        r_max, src_k.shape[1], dst_k.shape[1], slot_tokens,
+        r_max, row_stride(src_k, src_v), row_stride(dst_k, dst_v), slot_tokens,
         MODE=mode, D=src_k.shape[2], BLOCK_N=_COPY_BLOCK, num_warps=_COPY_WARPS,
     )

@@ -23,7 +23,7 @@ from vecstore.kernels._device import (
     query_group,
     store_state,
 )
-from vecstore.kernels.backend import LazyKernel, needs_f32_dot
+from vecstore.kernels.backend import LazyKernel, needs_f32_dot, row_stride
 from vecstore.kernels.zones import Zones
 
 __all__ = ["RETRIEVED_SPLIT", "retrieved_layout", "fill_rowmap", "attend_retrieved"]
@@ -122,7 +122,8 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                      softcap: float | None = None) -> None:
     """Partial states of the retrieved rows.
 
-    ``keys``/``values`` are ``[rows, N, D]``: with ``rowmap [rows, M]`` (from
+    ``keys``/``values`` are ``[rows, N, D]`` (each row's ``[N, D]`` contiguous; rows may sit
+    further apart, :func:`~vecstore.kernels.backend.row_stride`): with ``rowmap [rows, M]`` (from
     :func:`fill_rowmap`) the KV rows themselves, read in place; without it an execution
     buffer holding a row's ``cum[count]`` retrieved rows contiguously. With ``split [rows]``
     int32 only positions ``0:split`` of each row (or ``split:cum[count]`` if
@@ -137,7 +138,8 @@ def attend_retrieved(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     _, num_splits = retrieved_layout(m)
     _RETRIEVED[(rows, num_splits)](
         q, keys, values, rowmap if rowmap is not None else zones.cum, zones.cum, zones.count,
-        split if split is not None else zones.count, parts[0], parts[1], n_rows, m,
+        split if split is not None else zones.count, parts[0], parts[1],
+        row_stride(keys, values), m,
         zones.ids.shape[1], scale, softcap or 1.0, split_base, parts[1].shape[1],
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=_BLOCK_N,
         CONTIG=rowmap is None, SPAN=0 if split is None else 2 if after_split else 1,

@@ -131,8 +131,23 @@ class KVStore(Protocol):
         """
         ...
 
+    def extend(self, rows: StoredRows, num_rows: int, what: str = "") -> StoredRows | None:
+        """``[..., N, D]`` rows of this tier with room for ``num_rows >= N`` rows along
+        ``N``, the first ``N`` kept and the rest uninitialised; each ``[num_rows, D]`` block
+        contiguous (the blocks may sit further apart than ``num_rows`` rows). The result
+        replaces ``rows``, which must not be used or freed after. ``None`` where the tier
+        does not grow rows (the caller allocates anew and copies); a layer whose index
+        grows segment by segment then copies its rows each time.
+
+        Raises
+        ------
+        CapacityError
+            The rows added do not fit in the budget; ``rows`` are unchanged.
+        """
+        ...
+
     def free(self, rows: StoredRows) -> None:
-        """Release rows placed by :meth:`store`."""
+        """Release rows placed by :meth:`store`, :meth:`allocate` or :meth:`extend`."""
         ...
 
 

@@ -60,5 +60,9 @@ class GPUKVStore:
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
         return copy_rows(self, keys, values)
 
+    def extend(self, rows: StoredRows, num_rows: int, what: str = "") -> None:
+        # re-placing on the device copies at its bandwidth; a reserve would hold memory
+        return None
+
     def free(self, rows: StoredRows) -> None:
         self._account.release(rows.num_bytes)

@@ -10,6 +10,7 @@ import torch
 
 from vecstore.errors import CapacityError
 from vecstore.kvstore import GPUKVStore, PinnedKVStore
+from vecstore.kvstore.host_pages import HostPages
 
 
 @pytest.mark.gpu
@@ -19,45 +20,42 @@ def test_pinned_tier_is_page_locked():
 
 
 @pytest.mark.gpu
-def test_pinned_pages_stay_registered_while_viewed_and_go_with_the_last_view(monkeypatch):
-    # dropped rows are unpinned before unmapped: later rows reusing their addresses pin
-    # (a range unmapped while registered made CUDA refuse the next one at its addresses)
+def test_pinned_pages_are_unregistered_with_their_last_view():
+    # rows dropped unfreed: later mappings reuse their addresses and must pin (a range
+    # unmapped while registered made CUDA refuse the next one at its addresses)
     for _ in range(8):
         PinnedKVStore().store(torch.ones(2, 2, 20000, 32), torch.ones(2, 2, 20000, 32))
-    from vecstore.kvstore import pinned
-
-    mappings = []
-    make = pinned._page_aligned
-
-    def keep_mapping(n):
-        host, mapping, exported = make(n)
-        mappings.append(mapping)  # held here, so still mapped after the tensors go
-        return host, mapping, exported
-
-    monkeypatch.setattr(pinned, "_page_aligned", keep_mapping)
-    tier = PinnedKVStore()
-    rows = tier.store(torch.ones(1, 1, 8, 16), torch.ones(1, 1, 8, 16))
-    keys = rows.keys[0, 0, 2:]
-    tier.free(rows)
-    del rows
-    assert keys.is_pinned()  # freed, but still viewed
-    del keys
-    assert not any(torch.frombuffer(m, dtype=torch.uint8).is_pinned() for m in mappings)
+    pages, memory = HostPages.map(4 * mmap.PAGESIZE, register=True)
+    pages.pin(0, mmap.PAGESIZE)
+    pages.pin(mmap.PAGESIZE, 3 * mmap.PAGESIZE)
+    view = memory[100:]
+    del memory
+    assert view.is_pinned() and pages.num_pinned == 2
+    del view
+    assert not pages.alive and pages.num_pinned == 0
     assert float(torch.ones(4, device="cuda").sum()) == 4.0
 
 
 @pytest.mark.gpu
-def test_a_failed_pin_is_a_capacity_error_and_leaves_cuda_usable(monkeypatch):
-    from vecstore.kvstore import pinned
-
-    same = pinned._page_aligned(mmap.PAGESIZE)
-    # keys and values handed one range: the values' pin fails (already registered)
-    monkeypatch.setattr(pinned, "_page_aligned", lambda n: same)
-    tier = PinnedKVStore()
-    with pytest.raises(CapacityError, match="could not pin"):
-        tier.allocate((1, 1, 1, mmap.PAGESIZE // 2), torch.bfloat16)
-    assert tier.account.used_bytes == 0
+def test_a_failed_pin_is_a_capacity_error_and_leaves_cuda_usable():
+    pages, memory = HostPages.map(mmap.PAGESIZE, register=True)
+    pages.pin(0, mmap.PAGESIZE)
+    with pytest.raises(CapacityError, match=f"could not pin {mmap.PAGESIZE} bytes"):
+        pages.pin(0, mmap.PAGESIZE)  # already registered
+    assert pages.num_pinned == 1
     assert float(torch.ones(4, device="cuda").sum()) == 4.0  # no error left pending
+    assert memory.is_pinned()
+
+
+@pytest.mark.gpu
+def test_rows_grown_in_place_are_pinned_as_they_grow():
+    tier = PinnedKVStore()
+    rows = tier.store(torch.ones(8, 100, 128), torch.ones(8, 100, 128))
+    for n in (300, 5000, 5001, 9000):
+        rows = tier.extend(rows, n)
+        rows.keys[:, -1] = 2.0
+        assert rows.keys.is_pinned() and rows.values[:, n - 1].is_pinned()
+    assert float(rows.keys[:, :100].sum()) == 8 * 100 * 128
 
 
 @pytest.mark.gpu
@@ -69,9 +67,7 @@ def test_gpu_tier_lives_on_the_gpu():
 def test_pinned_tier_pages_are_aligned_and_its_own():
     # cudaHostRegister works on whole pages: a buffer sharing a page with one already
     # registered fails with cudaErrorHostMemoryAlreadyRegistered (seen on the H200)
-    from vecstore.kvstore.pinned import _page_aligned
-
-    bufs = [_page_aligned(n)[0] for n in (24, 750592, 3)]
+    bufs = [HostPages.map(n, register=False)[1] for n in (24, 750592, 3)]
     assert all(b.data_ptr() % mmap.PAGESIZE == 0 for b in bufs)
     assert len({b.data_ptr() // mmap.PAGESIZE for b in bufs}) == 3
     x = bufs[0].view(torch.bfloat16).view(3, 4)

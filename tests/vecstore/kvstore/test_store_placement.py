@@ -163,6 +163,37 @@ def test_peak_is_charged_while_a_layer_grows():
         assert peak == _row_bytes(n_old) + _row_bytes(n_new)  # both, while copying
 
 
+def test_a_pinned_layer_grows_in_place_and_persists_as_written(tmp_path):
+    # segment after segment, the pinned tier grows the layer's rows within a reserve: one
+    # move into it, then in place, each head's rows contiguous, only the rows charged
+    k, v = _kv(600, seed=8)
+    q = torch.randn(2 * H, 1, D, generator=torch.Generator().manual_seed(9))
+    with Store.open(tmp_path / "db", config=_cfg("pinned")) as store:
+        seq = store.create("s", num_layers=1, num_kv_heads=H, head_dim=D, dtype="float32")
+        seq.append(0, k[:, :100], v[:, :100])
+        state = seq.layers[0]
+        addresses = []
+        for t in range(100, 600, 50):
+            seq.append(0, k[:, t:t + 50], v[:, t:t + 50])
+            rows = state.rows
+            addresses.append(rows.keys.data_ptr())
+            assert rows.keys.shape == (H, state.num_indexed, D)
+            assert rows.keys.stride()[1:] == (D, 1) and rows.keys.stride(0) > D * 600
+            assert store.memory()[PINNED_NAME][0] == _row_bytes(state.num_indexed)
+            for s in state.segments:  # segments and view read the grown rows
+                assert s.keys.untyped_storage().data_ptr() == addresses[-1]
+            assert seq.view(0).keys.data_ptr() == addresses[-1]
+        assert len(set(addresses)) == 1  # moved once (the first growth), then in place
+        out = seq.query(0, q).out
+        stored = [(s.start, s.keys.clone(), s.values.clone()) for s in state.segments]
+    with Store.open(tmp_path / "db", config=_cfg("memory")) as store:
+        seq = store.sequence("s")
+        assert torch.equal(seq.query(0, q).out, out)
+        again = [(s.start, s.keys, s.values) for s in seq.layers[0].segments]
+        for (a, ka, va), (b, kb, vb) in zip(stored, again, strict=True):
+            assert a == b and torch.equal(ka, kb) and torch.equal(va, vb)
+
+
 def test_drop_frees_rows_only_once_committed():
     with Store.open(config=_cfg("pinned")) as store:
         seq = _fill(store)

@@ -1,0 +1,105 @@
+"""Host memory of its own for the pinned tier: anonymous mappings, registered with CUDA
+(page-locked and mapped into the GPU's address space) range by range.
+
+A :class:`HostPages` is one anonymous mapping viewed as a ``uint8`` tensor. Untouched pages
+cost address space only, so a mapping may be reserved larger than its rows and grown into:
+:meth:`HostPages.pin` registers a further range as rows reach it. Registrations last exactly
+as long as some tensor views the mapping, and are undone before it is unmapped: a range
+unmapped while registered could be mapped again at the same addresses, which CUDA then
+refuses to register (``cudaErrorHostMemoryAlreadyRegistered``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import weakref
+
+import torch
+
+from vecstore.errors import CapacityError
+
+__all__ = ["HostPages", "page_multiple"]
+
+
+def page_multiple(num_bytes: int) -> int:
+    """``num_bytes`` rounded up to whole pages."""
+    return -(-num_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+class HostPages:
+    """One anonymous, page-aligned mapping that no other allocation shares, and what of it is
+    registered with CUDA. Holds no reference to the memory: :meth:`map` returns the tensor
+    that does, and the mapping goes (unregistered, then unmapped) with the last view of it.
+
+    Examples
+    --------
+    >>> pages, memory = HostPages.map(3 * mmap.PAGESIZE, register=False)
+    >>> memory.numel() == 3 * mmap.PAGESIZE, memory.data_ptr() % mmap.PAGESIZE, pages.alive
+    (True, 0, True)
+    >>> del memory; pages.alive
+    False
+    """
+
+    def __init__(self, base: int, register: bool, pinned: list[int],
+                 finalizer: weakref.finalize) -> None:
+        self.base = base
+        self.register = register
+        self._pinned = pinned  # base addresses of the registered ranges
+        self._finalizer = finalizer
+
+    @classmethod
+    def map(cls, num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
+        """A new mapping of ``num_bytes`` and the ``uint8`` tensor over it (``register``:
+        whether :meth:`pin` registers with CUDA; ``False`` where CUDA is absent)."""
+        mapping = mmap.mmap(-1, num_bytes)
+        exported = memoryview(mapping)
+        memory = torch.frombuffer(exported, dtype=torch.uint8)
+        pinned: list[int] = []
+        # the finalizer holds the mapping, so it is unmapped only after the unregisters
+        finalizer = weakref.finalize(exported, _unpin, pinned, mapping)
+        return cls(memory.data_ptr(), register, pinned, finalizer), memory
+
+    @property
+    def alive(self) -> bool:
+        """Whether some tensor still views the mapping."""
+        return self._finalizer.alive
+
+    @property
+    def num_pinned(self) -> int:
+        """Ranges registered now (none once the mapping is gone)."""
+        return len(self._pinned)
+
+    def pin(self, offset: int, num_bytes: int) -> None:
+        """Register ``[offset, offset + num_bytes)`` of the mapping (whole pages, none
+        registered before); nothing is registered on failure.
+
+        Raises
+        ------
+        CapacityError
+            CUDA refused (out of page-locked memory); no error is left pending.
+        """
+        if not (self.register and num_bytes):
+            return
+        ptr = self.base + offset
+        err = int(torch.cuda.cudart().cudaHostRegister(ptr, num_bytes, 0))
+        if err != 0:
+            _clear_pending_error()
+            raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {num_bytes} bytes "
+                                f"({torch.cuda.CudaError(err)})")
+        self._pinned.append(ptr)
+
+
+def _unpin(pinned: list[int], mapping: mmap.mmap) -> None:
+    # ``mapping`` is passed only to be held until now
+    for ptr in pinned:
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+    pinned.clear()
+
+
+def _clear_pending_error() -> None:
+    # a failed runtime call leaves its error for the next check, which torch makes after its
+    # next kernel launch: make that check here, so the failure does not surface elsewhere
+    try:
+        torch.ones(1, device="cuda").add_(1)
+    except torch.AcceleratorError:
+        pass
