@@ -5,6 +5,8 @@ indexed rows, sinks, tail) and to its own tokens in one attention call, so each 
 blocks are copied into one ``[Hkv, S, D]`` pair, the new tokens last. Blocks held
 elsewhere (rows in pinned host memory, ``kvstore.kind = "pinned"``) are copied on a side
 CUDA stream one row ahead: the copy of row ``b + 1`` runs while row ``b`` is attended.
+Pinned rows are read by a kernel (:func:`vecstore.kernels.row_copy.copy_rows`), not by DMA
+copies, which must each lie within one registration of the host memory.
 """
 
 from __future__ import annotations
@@ -79,15 +81,27 @@ def _gather(blocks: Blocks, device: torch.device, side: torch.cuda.Stream | None
         n = k.shape[1]
         if side is not None and k.device != device:
             with torch.cuda.stream(side):
-                for h in range(H):  # contiguous per head: plain async copies, no staging
-                    keys[h, pos:pos + n].copy_(k[h], non_blocking=True)
-                    values[h, pos:pos + n].copy_(v[h], non_blocking=True)
+                _host_copy(k, keys[:, pos:pos + n])
+                _host_copy(v, values[:, pos:pos + n])
             ready = side.record_event()
         else:
             keys[:, pos:pos + n].copy_(k)
             values[:, pos:pos + n].copy_(v)
         pos += n
     return keys, values, ready
+
+
+def _host_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy host rows ``src [H, n, D]`` to ``dst`` on the GPU, asynchronously where ``src`` is
+    pinned: a pinned tier registers a head's rows range by range as they grow, and a DMA
+    copy must lie within one registration, so the GPU reads them itself
+    (:func:`vecstore.kernels.row_copy.copy_rows`)."""
+    if not src.is_pinned():
+        dst.copy_(src)
+        return
+    from vecstore.kernels.row_copy import copy_rows
+
+    copy_rows(src, dst)
 
 
 @cache
