@@ -77,6 +77,14 @@ def _step_stats() -> None:
                         torch.ones((), dtype=torch.int32))
 
 
+def _row_copy() -> None:
+    """The copy of a pinned layer's stored prefix for a prefill chunk (bf16, head dim 128)."""
+    from vecstore.kernels.row_copy import copy_rows
+
+    rows = torch.randn(8, 70, 128).to(torch.bfloat16)
+    copy_rows(rows, torch.empty_like(rows))
+
+
 @interpreted
 def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
     from vecstore.executor import wave_streams
@@ -94,6 +102,7 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16, softcap=50.0)  # the soft-capped kernels (Gemma 2)
         _decode(torch.bfloat16, softcap=50.0, simulate_offload=True)
         _step_stats()
+        _row_copy()
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
     launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},

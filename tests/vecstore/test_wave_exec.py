@@ -103,6 +103,30 @@ def test_rows_further_apart_than_their_length_read_as_contiguous_rows(offload):
     assert rel_err(got[0], ref[0]) < 1e-5
 
 
+@interpreted
+def test_offloaded_layers_share_one_policy_worker():
+    # one thread applies every offloaded layer's cache records (a thread per layer
+    # contended for the GIL with the decode loop)
+    import threading
+
+    gen = torch.Generator().manual_seed(11)
+    index, view_a, steady, q = _batch(gen, torch.float32)
+    _, view_b, _, _ = _batch(gen, torch.float32, index=index)
+    layer = CFG.for_layer(0)
+    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=True)
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(2):
+        for view in (view_a, view_b):
+            ex.run(index, view, steady, q, D ** -0.5, layer)
+    buffers = [p.buffer for p in ex._prepared.values()]
+    for buf in buffers:
+        buf.bookkeeper.wait()
+        assert buf.bookkeeper.applied == 2
+    workers = [t for t in threading.enumerate()
+               if t.ident not in before and t.name.startswith("vecstore-policy")]
+    assert len(buffers) == 2 and len(workers) == 1
+
+
 def _dequantized(view: IndexView) -> IndexView:
     # the view with its centroids replaced by what their SQ8 codes stand for
     codes, scale = quantize(view.meta["centroids"])

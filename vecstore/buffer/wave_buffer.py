@@ -26,6 +26,7 @@ first launch: ``triton`` is an optional dependency); 4 runs between steps. Rows 
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
@@ -87,12 +88,17 @@ class WaveBuffer:
     account : MemoryAccount, optional
         GPU budget charged for the cache and buffers (a store's ``kvstore.gpu_budget_gb``
         for ``device``); checked before allocating.
+    policy_worker : concurrent.futures.Executor, optional
+        Where the policy's records are applied, shared by the buffers of an executor (one
+        thread for all offloaded layers, not a thread each competing for the GIL with the
+        decode loop); by default a thread of the buffer's own.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, *, num_clusters: int,
                  r_max: int, exec_rows: int, num_slots: int, slot_tokens: int,
                  device: torch.device, policy: str = "lru",
-                 account: MemoryAccount | None = None) -> None:
+                 account: MemoryAccount | None = None,
+                 policy_worker: Executor | None = None) -> None:
         rows, _, dim = keys.shape
         self.keys, self.values = keys, values
         self.rows, self.num_clusters, self.num_slots = rows, num_clusters, num_slots
@@ -121,7 +127,7 @@ class WaveBuffer:
         self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
-        self.bookkeeper = PolicyBookkeeper(rows, num_slots, policy)
+        self.bookkeeper = PolicyBookkeeper(rows, num_slots, policy, executor=policy_worker)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._misses_done: torch.cuda.Event | None = None
         self._zones: Zones | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 import torch
@@ -105,6 +106,10 @@ class WaveExecutor:
         self.use_graphs = use_graphs
         self.accounts = accounts
         self._streams = StreamPool()
+        # one thread applies the block-cache policy records of every offloaded layer (a
+        # thread per layer's buffer kept 32 threads contending for the GIL with the decode
+        # loop of a 32-layer model); it starts with the first record
+        self._policy_worker = ThreadPoolExecutor(1, thread_name_prefix="vecstore-policy")
         self.reference = TorchExecutor(device)
         self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
@@ -174,7 +179,7 @@ class WaveExecutor:
         prep = prepare_view(view, summary, layer, index, score_dtype=self.score_dtype,
                             offload=self.simulate_offload, cache_policy=self.cache_policy,
                             cache_capacity=self.cache_capacity, slot_tokens=self.slot_tokens,
-                            accounts=self.accounts)
+                            accounts=self.accounts, policy_worker=self._policy_worker)
         self._prepared[key] = prep
         while len(self._prepared) > _MAX_PREPARED:
             _, old = self._prepared.popitem(last=False)

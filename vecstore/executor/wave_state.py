@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
@@ -155,12 +156,13 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
                  score_dtype: torch.dtype | None, offload: bool, cache_policy: str,
                  cache_capacity: float, slot_tokens: int,
                  accounts: Callable[[torch.device], MemoryAccount] | None = None,
-                 ) -> PreparedView:
+                 policy_worker: Executor | None = None) -> PreparedView:
     """The decode-ready form of ``view`` (its units summarized by ``index`` as ``summary``)
     for ``layer``'s budgets: per-row zone sizes, value means, centroids in ``score_dtype``
     (int8 codes and their scales for ``torch.int8``, the KV dtype for ``None``), and a
     :class:`WaveBuffer` (``cache_policy``, ``cache_capacity`` of the clusters, ``slot_tokens``
-    rows a slot) when the rows are not on the centroids' device or ``offload`` asks for one."""
+    rows a slot; its policy records applied on ``policy_worker``) when the rows are not on
+    the centroids' device or ``offload`` asks for one."""
     B, H, C = view.sizes.shape
     N, D = view.keys.shape[2:]
     rows = B * H
@@ -190,7 +192,7 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
             keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
             num_slots=max(1, math.ceil(cache_capacity * C)),
             slot_tokens=slot_tokens, device=dev, policy=cache_policy,
-            account=None if accounts is None else accounts(dev))
+            account=None if accounts is None else accounts(dev), policy_worker=policy_worker)
     weight = float(summary.radius_weight)
     radii = (summary.radii.reshape(rows, C).to(dev, torch.float32).contiguous()
              if weight else None)
