@@ -12,7 +12,6 @@ from vecstore.config import LayerConfig, StoreConfig
 from vecstore.index.base import Index, IndexView
 from vecstore.kernels.backend import has_triton
 from vecstore.kvstore.base import MemoryAccount
-from vecstore.policies.base import POLICIES
 from vecstore.registry import Registry
 from vecstore.types import QueryStats
 
@@ -110,7 +109,8 @@ def build_executor(config: StoreConfig,
     Raises
     ------
     ConfigError
-        ``executor.kind`` or ``cache.policy`` names nothing registered.
+        ``executor.kind`` names nothing registered (a store checks every plug-in a
+        configuration names first: :func:`vecstore.plugins.check_plugins`).
 
     Examples
     --------
@@ -118,7 +118,6 @@ def build_executor(config: StoreConfig,
     >>> type(ex).__name__, ex.device
     ('TorchExecutor', 'cpu')
     """
-    POLICIES.get(config.cache.policy)  # a misspelt policy fails at open, whatever the kind
     cls = EXECUTORS.get(resolve_kind(config.executor.kind, config.executor.device))
     from_config = getattr(cls, "from_config", None)
     if from_config is not None:
