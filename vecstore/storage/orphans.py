@@ -11,10 +11,12 @@ SQLite appends to the catalog's ``-wal`` file. A file no row names is therefore 
   destroy committed data.
 
 A lost file is newer than the catalog's last commit, and older than the ``-wal`` (which
-is missing, recreated since, or damaged since). A leftover of a crashed commit is newer
-than both, as it was written after the last write to the ``-wal``; files of a drop are
-dated to the epoch before the drop commits (:func:`mark_dropped`); older leftovers
-predate the last commit.
+is missing, or recreated or damaged since: at the restart after the crash that lost it).
+A leftover of a crashed commit is newer than the last commit too, and newer than the
+``-wal``, or older by at most ``WAL_SLACK_S``: a writer killed inside its catalog
+transaction has written the transaction's ``-wal`` frames, without the commit frame that
+makes them count, just after its data files. Files of a drop are dated to the epoch before
+the drop commits (:func:`mark_dropped`); older leftovers predate the last commit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ __all__ = ["Orphans", "find_orphans", "mark_dropped"]
 
 CLOCK_SLACK_S = 0.01
 """File times come from a coarse kernel clock that may lag the catalog's by a tick."""
+
+WAL_SLACK_S = 5.0
+"""How much older than the ``-wal``'s last write a leftover may be: a commit's data files
+are written just before its catalog transaction (milliseconds, seconds on a loaded
+machine), while a ``-wal`` lost or damaged by a crash is rewritten after a restart. (The
+crash test once saw a writer killed mid-transaction reported as a lost commit.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +68,7 @@ def find_orphans(layout: StoreLayout, cat: Catalog, named: set[str]) -> Orphans:
         m = _mtime(layout.root / rel)
         if m is None:
             continue  # deleted meanwhile (a drop by the writer)
-        newer = m > last and (wal is None or wal > m)
+        newer = m > last and (wal is None or wal > m + WAL_SLACK_S)
         (lost if newer and not rel.endswith(TMP_SUFFIX) else leftovers).append(rel)
     return Orphans(leftovers, lost)
 

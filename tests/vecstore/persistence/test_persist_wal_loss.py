@@ -23,6 +23,7 @@ from tests.vecstore.persistence.persist_helpers import (
 from vecstore import Store
 from vecstore.cli import main
 from vecstore.errors import CorruptionError
+from vecstore.storage import orphans
 
 
 def _crashed_copy(tmp_path: Path, wal: str) -> tuple[Path, list[str]]:
@@ -52,7 +53,11 @@ def _crashed_copy(tmp_path: Path, wal: str) -> tuple[Path, list[str]]:
 
 
 @pytest.mark.parametrize("wal", ["lost", "damaged"])
-def test_a_lost_or_damaged_wal_is_detected_and_gc_keeps_the_data(tmp_path, wal, capsys):
+def test_a_lost_or_damaged_wal_is_detected_and_gc_keeps_the_data(tmp_path, wal, capsys,
+                                                                 monkeypatch):
+    # here the -wal is lost or damaged (and recreated by the next open) at once, not at a
+    # restart seconds after the commit
+    monkeypatch.setattr(orphans, "WAL_SLACK_S", 0.0)
     path, files = _crashed_copy(tmp_path, wal)
     with Store.open(path, read_only=True) as store:
         report = store.verify(raise_on_error=False)
@@ -83,13 +88,19 @@ def test_an_intact_wal_loses_nothing(tmp_path):
         assert report.ok and report.lost == [] and report.unreferenced == []
 
 
-def test_leftovers_of_a_crashed_commit_are_not_lost_data(tmp_path):
+@pytest.mark.parametrize("before_wal", [0.0, 2.0], ids=["after-wal", "just-before-wal"])
+def test_leftovers_of_a_crashed_commit_are_not_lost_data(tmp_path, before_wal):
     """A data file written after the last commit and after the -wal's last write (a
-    writer killed before its catalog transaction) is a leftover that gc removes."""
+    writer killed before its catalog transaction), or just before it (killed inside the
+    transaction: its -wal frames written, the commit frame not), is a leftover that gc
+    removes."""
     path, files = _crashed_copy(tmp_path, "kept")
     leftover = path / files[0].replace("0000-", "0001-9")
     shutil.copy2(path / files[0], leftover)
-    os.utime(leftover)  # written now: after the last commit and the -wal
+    os.utime(leftover)  # written now: after the last commit
+    if before_wal:
+        at = os.stat(leftover).st_mtime + before_wal
+        os.utime(path / "catalog.sqlite-wal", (at, at))
     with Store.open(path, read_only=True) as store:
         report = store.verify()
         assert report.ok and report.lost == []
