@@ -25,6 +25,7 @@ def test_is_a_tier_that_says_where_its_rows_live(kind: str) -> None:
     tier = make_kvstore(kind)
     assert isinstance(tier, KVStore) and isinstance(tier.device, torch.device)
     assert type(tier).resident in (True, False)
+    assert type(tier).shareable_rows in (True, False)
     assert (tier.account.used_bytes, tier.account.budget_bytes) == (0, 0)
 
 

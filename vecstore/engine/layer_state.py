@@ -10,7 +10,6 @@ from vecstore.engine.layer_mark import LayerMark
 from vecstore.engine.tail import TailBuffer
 from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import StoredRows
-from vecstore.kvstore.gpu import GPUKVStore
 from vecstore.kvstore.placement import Placement
 
 __all__ = ["LayerState"]
@@ -222,12 +221,12 @@ class LayerState:
         rows (a batch row of a stacked view, :class:`vecstore.engine.batch.BatchViews`), so a
         batch decodes from one copy of its KV instead of two. The segments and the view
         are rebuilt over them with the same metadata, the budget charge moves over, and
-        ``version`` stays (the contents did not change). Only rows placed in device memory
-        (:class:`~vecstore.kvstore.gpu.GPUKVStore`, whose ``free`` is bookkeeping alone)
-        are shared; anything else is left as it is.
+        ``version`` stays (the contents did not change). Only rows of a tier that allows it
+        (:attr:`~vecstore.kvstore.base.KVStore.shareable_rows`) are shared; anything else
+        is left as it is.
         """
         image = self._image
-        if (image is None or not isinstance(image.tier, GPUKVStore)
+        if (image is None or not type(image.tier).shareable_rows
                 or not image.holds(self.segments)):
             return False
         own = image.rows

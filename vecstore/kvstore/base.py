@@ -102,6 +102,12 @@ class KVStore(Protocol):
     resident: ClassVar[bool]
     """Whether rows live on the layer's device (else in the tier's own memory)."""
 
+    shareable_rows: ClassVar[bool]
+    """Whether a layer may swap its rows for views of a batch's stacked copy of them (one
+    copy of a batch's KV, not two; the charge moves over and :meth:`free` is then given
+    those views). Only where ``free`` just returns the charge and rows are not grown in
+    place (a swapped row would be moved back at its next segment)."""
+
     device: torch.device
     """Where the tier's rows live."""
 

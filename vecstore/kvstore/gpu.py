@@ -34,6 +34,7 @@ class GPUKVStore:
     """
 
     resident = True
+    shareable_rows = True  # free returns the charge; rows are rebuilt, never grown
 
     def __init__(self, device: str | torch.device = "cpu", *, budget_gb: float = 0.0,
                  account: MemoryAccount | None = None) -> None:

@@ -72,6 +72,7 @@ class PinnedKVStore:
     """
 
     resident = False
+    shareable_rows = False  # rows grow in place within their reserve (extend)
 
     def __init__(self, *, budget_gb: float = 0.0) -> None:
         self._account = MemoryAccount(int(budget_gb * 2**30), "kvstore.pinned_budget_gb")
