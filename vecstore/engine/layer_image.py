@@ -70,7 +70,6 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
     N = sum(s.num_tokens for s in segments)
     tier = placement.tier(device)
     what = f"{what} ({len(segments)} segments, {N} tokens)"
-    same_tier = old is not None and old.tier is tier
     account = placement.device_account(device)
     units = sum(s.num_units for s in segments)
     meta_bytes = (sum(_nbytes(v) for s in segments for v in s.meta.values())
@@ -79,7 +78,7 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
     try:
         # moving a placed layer between devices keeps rows whose tier does not change
         rows, kept = None, 0
-        if same_tier and old is not None and old.begins(segments):
+        if old is not None and old.tier is tier and old.begins(segments):
             kept = len(old.segments)
             rows = old.rows if kept == len(segments) else tier.extend(
                 old.rows, N, f"the rows of {what}")
