@@ -30,6 +30,7 @@ from attention.decode import ingest
 from attention.exact import sdpa, sdpa_lower_right
 from attention.prefix import Blocks, rows_on_device
 from vecstore import Sequence, Store
+from vecstore.checks import check_all_finite
 
 __all__ = ["prefill"]
 
@@ -64,6 +65,11 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     torch.Tensor
         ``[B, Hq, L, D]`` in ``q``'s dtype, exact whatever the store's budgets.
 
+    Raises
+    ------
+    InvalidValueError
+        A valid token's key or value is NaN or Inf; no row stores anything.
+
     Examples
     --------
     A prompt prefilled in two chunks gives the one-pass prefill's output:
@@ -78,11 +84,17 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     >>> torch.allclose(torch.cat([first, rest], dim=2), whole, atol=1e-6)
     True
     """
+    # every row's tokens checked at once (a bad row stores nothing in any row), before the
+    # attention is launched: a check at the append would wait for the attention, and the
+    # index build's launches would no longer overlap it
+    pad = None if valid is None else ~valid[:, None, :, None]
+    check_all_finite(keys=k if pad is None else k.masked_fill(pad, 0),
+                     values=v if pad is None else v.masked_fill(pad, 0))
     if valid is None and all(s.tokens(layer) == 0 for s in seqs):
         out = sdpa(q, k, v, scale=scale, valid=None, softcap=softcap)
     else:
         out = _attend_rows(seqs, layer, q, k, v, scale, valid, softcap)
-    ingest(store, seqs, layer, k, v, valid, whole_segments=True)
+    ingest(store, seqs, layer, k, v, valid, finite=False, whole_segments=True)
     return out
 
 

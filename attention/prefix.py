@@ -5,8 +5,8 @@ indexed rows, sinks, tail) and to its own tokens in one attention call, so each 
 blocks are copied into one ``[Hkv, S, D]`` pair, the new tokens last. Blocks held
 elsewhere (rows in pinned host memory, ``kvstore.kind = "pinned"``) are copied on a side
 CUDA stream one row ahead: the copy of row ``b + 1`` runs while row ``b`` is attended.
-Pinned rows are read by a kernel (:func:`vecstore.kernels.row_copy.copy_rows`), not by DMA
-copies, which must each lie within one registration of the host memory.
+Pinned rows are read by a kernel (:func:`vecstore.kvstore.row_transfer.copy_across`), not by
+DMA copies, which must each lie within one registration of the host memory.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from functools import cache
 
 import torch
+
+from vecstore.kvstore.row_transfer import copy_across
 
 __all__ = ["Blocks", "rows_on_device"]
 
@@ -81,27 +83,14 @@ def _gather(blocks: Blocks, device: torch.device, side: torch.cuda.Stream | None
         n = k.shape[1]
         if side is not None and k.device != device:
             with torch.cuda.stream(side):
-                _host_copy(k, keys[:, pos:pos + n])
-                _host_copy(v, values[:, pos:pos + n])
+                copy_across(k, keys[:, pos:pos + n])
+                copy_across(v, values[:, pos:pos + n])
             ready = side.record_event()
         else:
             keys[:, pos:pos + n].copy_(k)
             values[:, pos:pos + n].copy_(v)
         pos += n
     return keys, values, ready
-
-
-def _host_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy host rows ``src [H, n, D]`` to ``dst`` on the GPU, asynchronously where ``src`` is
-    pinned: a pinned tier registers a head's rows range by range as they grow, and a DMA
-    copy must lie within one registration, so the GPU reads them itself
-    (:func:`vecstore.kernels.row_copy.copy_rows`)."""
-    if not src.is_pinned():
-        dst.copy_(src)
-        return
-    from vecstore.kernels.row_copy import copy_rows
-
-    copy_rows(src, dst)
 
 
 @cache

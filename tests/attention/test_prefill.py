@@ -123,3 +123,25 @@ def test_kv_blocks_hold_every_stored_token_once_read_from_the_tier(kind):
         order_got = keys[:, :, 0].argsort(dim=1)[..., None].expand_as(got)
         order_want = k[:, :, 0].argsort(dim=1)[..., None].expand_as(want)
         assert torch.equal(got.gather(1, order_got), want.gather(1, order_want))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_nan_key_in_a_prefill_chunk_raises_and_stores_nothing(padded):
+    from vecstore.errors import InvalidValueError
+
+    q, k, v = _qkv(2, 40, (4, 2))
+    valid = torch.ones(2, 40, dtype=torch.bool)
+    if padded:
+        valid[1, :7] = False
+    with Store.open(config=SMALL) as store:
+        seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=2, head_dim=8,
+                             dtype=torch.float32) for b in range(2)]
+        attn = StoreAttention(store, seqs)
+        attn(0, q[:, :, :20], k[:, :, :20], v[:, :, :20],
+             valid=valid[:, :20] if padded else None)
+        before = [s.num_tokens for s in seqs]
+        bad = k[:, :, 20:].clone()
+        bad[1, 0, 15, 3] = float("nan")
+        with pytest.raises(InvalidValueError, match="keys: contains 1 NaN/Inf"):
+            attn(0, q[:, :, 20:], bad, v[:, :, 20:], valid=valid[:, 20:] if padded else None)
+        assert [s.num_tokens for s in seqs] == before

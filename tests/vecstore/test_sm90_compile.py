@@ -85,6 +85,13 @@ def _row_copy() -> None:
     copy_rows(rows, torch.empty_like(rows))
 
 
+def _nearest_centroid() -> None:
+    """The k-means assignment of an index build (float32 points, head dim 128)."""
+    from vecstore.kernels.nearest_centroid import nearest_centroid
+
+    nearest_centroid(torch.randn(2, 70, 128), torch.randn(2, 40, 128))
+
+
 @interpreted
 def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
     from vecstore.executor import wave_streams
@@ -103,6 +110,7 @@ def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
         _decode(torch.bfloat16, softcap=50.0, simulate_offload=True)
         _step_stats()
         _row_copy()
+        _nearest_centroid()
     assert {launch.name for launch in launches} == _all_kernels()
     # kernels chained by programmatic dependent launch on the GPU (GDC) compile that way too
     launches += [Launch(x.module, x.name, x.signature, {**x.constants, "GDC": True},

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from vecstore.cluster.base import CLUSTERERS
+from vecstore.kernels.backend import resolve_backend
 
 __all__ = ["TorchClusterer"]
 
 # Score tensors [P, n, k] are computed this many problems at a time, bounding memory.
 _MAX_SCORE_ELEMENTS = 1 << 26
 
+Nearest = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 @CLUSTERERS.register("torch")
 class TorchClusterer:
-    """Spherical k-means as batched matrix products (``bmm`` + ``argmax`` + ``scatter_add``).
+    """Spherical k-means: assignment by inner product, then re-normalised mean centroids
+    (``scatter_add``).
 
+    On a CUDA device with Triton the assignment is one kernel
+    (:func:`vecstore.kernels.nearest_centroid.nearest_centroid`: TF32 dots, no score tensor);
+    elsewhere ``bmm`` + ``argmax`` in float32, a bounded number of problems at a time.
     Empty clusters keep their previous centroid, so an assignment never points at a
     centroid that was not updated from data or initialisation.
 
@@ -35,27 +44,43 @@ class TorchClusterer:
     def assign(
         self, x: torch.Tensor, counts: torch.Tensor, init: torch.Tensor, iters: int
     ) -> torch.Tensor:
-        P, n, _ = x.shape
+        P, n, D = x.shape
         k = init.shape[1]
+        if _kernel_fits(x):
+            from vecstore.kernels.nearest_centroid import nearest_centroid
+
+            return self._assign_chunk(x, counts, init, iters, nearest_centroid)
         step = max(1, _MAX_SCORE_ELEMENTS // max(1, n * k))
         parts = [
-            self._assign_chunk(x[i:i + step], counts[i:i + step], init[i:i + step], iters)
+            self._assign_chunk(x[i:i + step], counts[i:i + step], init[i:i + step], iters,
+                               _nearest_by_bmm)
             for i in range(0, P, step)
         ]
         return torch.cat(parts) if parts else torch.empty(0, n, dtype=torch.long)
 
     @staticmethod
-    def _assign_chunk(
-        x: torch.Tensor, counts: torch.Tensor, c: torch.Tensor, iters: int
-    ) -> torch.Tensor:
+    def _assign_chunk(x: torch.Tensor, counts: torch.Tensor, c: torch.Tensor, iters: int,
+                      nearest: Nearest) -> torch.Tensor:
         P, n, D = x.shape
         k = c.shape[1]
         valid = torch.arange(n, device=x.device)[None, :] < counts[:, None]  # [P, n]
         xv = x * valid[..., None]
         for _ in range(iters):
-            assign = torch.bmm(x, c.transpose(1, 2)).argmax(-1)  # [P, n]
+            assign = nearest(x, c)  # [P, n]
             sums = torch.zeros(P, k, D, device=x.device, dtype=x.dtype)
             sums.scatter_add_(1, assign[..., None].expand(-1, -1, D), xv)
             filled = sums.norm(dim=-1, keepdim=True) > 0  # [P, k, 1]
             c = torch.where(filled, F.normalize(sums, dim=-1), c)
-        return torch.bmm(x, c.transpose(1, 2)).argmax(-1)
+        return nearest(x, c)
+
+
+def _nearest_by_bmm(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(x, c.transpose(1, 2)).argmax(-1)
+
+
+def _kernel_fits(x: torch.Tensor) -> bool:
+    """Whether the assignment kernel serves ``x``: float32 on a device Triton compiles for,
+    a power-of-two dimension of at least 16 (a ``tl.dot`` operand)."""
+    D = x.shape[-1]
+    return (x.dtype == torch.float32 and D >= 16 and D & (D - 1) == 0
+            and resolve_backend("auto", x.device) == "triton")

@@ -10,6 +10,7 @@ import torch
 from vecstore.index.base import IndexView, Segment
 from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
 from vecstore.kvstore.placement import Placement
+from vecstore.kvstore.row_transfer import copy_across
 
 __all__ = ["LayerImage", "place_segments"]
 
@@ -95,8 +96,8 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
         n, u = s.num_tokens, s.num_units
         k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
         if i >= kept:
-            k.copy_(s.keys)
-            v.copy_(s.values)
+            copy_across(s.keys, k)
+            copy_across(s.values, v)
         offsets = s.offsets.to(device)
         parts.append(offsets[:, 1:] + base)
         placed.append(Segment(s.start, s.end, k, v, offsets,

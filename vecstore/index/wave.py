@@ -74,7 +74,8 @@ class WaveIndex:
         for s in range(S):
             x[s, :, : lengths[s]] = kf[:, bounds[s]:bounds[s + 1]]
         x = x.reshape(S * H, n, D)
-        counts = torch.tensor(lengths, device=keys.device).repeat_interleave(H)  # [S*H]
+        # [S*H]; staged without waiting for the device (a blocking copy would)
+        counts = torch.tensor(lengths).repeat_interleave(H).to(keys.device, non_blocking=True)
         valid = torch.arange(n, device=keys.device)[None, :] < counts[:, None]
         mean = (x * valid[..., None]).sum(1, keepdim=True) / counts[:, None, None]
         unit = F.normalize(x - mean, dim=-1)

@@ -1,9 +1,10 @@
-"""Rows read in place from host memory mapped into the GPU's address space.
+"""Rows copied by the GPU, to or from host memory mapped into its address space.
 
 A pinned tier registers a layer's rows with CUDA range by range as they grow
 (:class:`vecstore.kvstore.host_pages.HostPages`), so one head's rows may span several
 registrations. A DMA copy (``cudaMemcpyAsync``) must lie within one registration;
-:func:`copy_rows` has the GPU load the rows itself instead, which any mapped range serves.
+:func:`copy_rows` has the GPU load and store the rows itself instead, which any mapped
+range serves (:func:`vecstore.kvstore.row_transfer.copy_across` picks it).
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ _COPY = LazyKernel(_copy_rows_kernel)
 
 
 def copy_rows(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy ``src [H, n, D]`` into ``dst`` (same shape and dtype, on the GPU) on the current
-    stream; each head's ``[n, D]`` rows contiguous in both (heads may sit further apart,
-    :func:`~vecstore.kernels.backend.row_stride`). ``src`` may be host memory registered
-    with CUDA, in one range or several."""
+    """Copy ``src [H, n, D]`` into ``dst`` (same shape and dtype) on the current stream;
+    each head's ``[n, D]`` rows contiguous in both (heads may sit further apart,
+    :func:`~vecstore.kernels.backend.row_stride`). Either may be host memory registered
+    with CUDA, in one range or several, the other on the GPU."""
     heads, n, dim = src.shape
     if n == 0:
         return

@@ -14,6 +14,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from vecstore.errors import CapacityError
+from vecstore.kvstore.row_transfer import copy_across
 from vecstore.registry import Registry
 
 __all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "copy_rows",
@@ -197,8 +198,8 @@ def copy_rows(tier: KVStore, keys: torch.Tensor, values: torch.Tensor) -> Stored
     """:meth:`KVStore.store` through :meth:`KVStore.allocate`: a copy of ``keys, values`` in
     ``tier``, never a view of the caller's tensors."""
     rows = tier.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
-    rows.keys.copy_(keys)
-    rows.values.copy_(values)
+    copy_across(keys, rows.keys)
+    copy_across(values, rows.values)
     return rows
 
 
