@@ -45,6 +45,7 @@ LAYERS: dict[str, float] = {
     "vecstore.engine.tail": 5.0,
     "vecstore.engine.layer_image": 5.0,
     "vecstore.engine.layer_mark": 5.0,
+    "vecstore.engine.layer_lineage": 5.0,
     "vecstore.engine.layer_indexes": 5.0,
     "vecstore.engine.layer_state": 5.1,
     "vecstore.engine.lazy_layer": 5.2,

@@ -11,6 +11,7 @@ import torch
 
 from vecstore.errors import CapacityError, InvalidValueError
 from vecstore.kvstore import KVSTORES, KVStore, MemoryAccount, make_kvstore
+from vecstore.kvstore.base import growable_rows
 
 KINDS = KVSTORES.names()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -137,5 +138,27 @@ def test_extending_past_the_budget_changes_nothing(kind: str) -> None:
         else:
             assert grown is None  # a tier that grows rows must refuse these
         assert tier.account.used_bytes == 8192 and torch.equal(rows.keys.cpu(), keys)
+    tier.free(rows)
+    assert tier.account.used_bytes == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_growable_rows_are_allocated_rows_that_extend_keeps(kind: str) -> None:
+    tier = make_kvstore(kind, budget_gb=4096 / 2**30)  # 4 KiB
+    rows = growable_rows(tier, (2, 3, 5, 8), torch.float32, "a stack")
+    assert rows.keys.shape == rows.values.shape == (2, 3, 5, 8)
+    assert rows.keys.device == tier.device and rows.keys.dtype == torch.float32
+    assert rows.num_bytes == tier.account.used_bytes == 2 * 2 * 3 * 5 * 8 * 4
+    keys = _rows((2, 3, 5, 8), torch.float32, 6)
+    rows.keys.copy_(keys)
+    rows.values.copy_(-keys)
+    with pytest.raises(CapacityError, match="a stack needs 4096 more bytes"):
+        growable_rows(tier, (2, 1, 32, 8), torch.float32, "a stack")
+    assert tier.account.used_bytes == rows.num_bytes
+    grown = tier.extend(rows, 6, "a stack")
+    if grown is not None:
+        assert torch.equal(grown.keys[:, :, :5].cpu(), keys)
+        assert torch.equal(grown.values[:, :, :5].cpu(), -keys)
+        rows = grown
     tier.free(rows)
     assert tier.account.used_bytes == 0

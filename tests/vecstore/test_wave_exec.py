@@ -80,15 +80,17 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["resident", "offloaded"])
+@pytest.mark.parametrize("lengths", [(1500,), (1500, 1500)], ids=["layer", "stack"])
 @interpreted
-def test_rows_further_apart_than_their_length_read_as_contiguous_rows(offload):
-    # a tier's reserve: each head's rows contiguous, heads a reserve apart
+def test_rows_further_apart_than_their_length_read_as_contiguous_rows(offload, lengths):
+    # a tier's reserve: each head's rows contiguous, heads (and a stack's sequences) a
+    # reserve apart
     gen = torch.Generator().manual_seed(10)
-    index, view, steady, q = _batch(gen, torch.float32, lengths=(1500,))
-    _, heads, n, dim = view.keys.shape
+    index, view, steady, q = _batch(gen, torch.float32, lengths=lengths)
+    B, heads, n, dim = view.keys.shape
     spread = []
     for x in (view.keys, view.values):
-        reserve = torch.full((1, heads, n + 37, dim), float("nan"))
+        reserve = torch.full((B, heads, n + 37, dim), float("nan"))
         reserve[:, :, :n] = x
         spread.append(reserve[:, :, :n])
     apart = IndexView(keys=spread[0], values=spread[1], offsets=view.offsets,

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import gather, holds
+from vecstore.errors import CapacityError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
-from vecstore.kvstore.base import MemoryAccount, shape_bytes
+from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows, growable_rows
 from vecstore.kvstore.placement import Placement
 
 __all__ = ["BatchViews", "stack_steady", "empty_view"]
@@ -22,21 +24,36 @@ class BatchViews:
     """The stacked index view of the last batch queried per layer, reused while none of
     its sequences' segments change (decode steps query the same batch every layer).
 
-    A stack is a second copy of the batch's rows and index metadata. Its bytes are charged
-    to the store's budgets before it is built (rows to their tier's account, metadata to
-    the device's ``kvstore.gpu_budget_gb``) and returned when it is replaced or cleared;
-    when they do not fit, :meth:`view` raises :class:`~vecstore.errors.CapacityError` and
-    builds nothing. When every row is equally long and sits in device memory, the sequences
-    then read their rows from the stack (:meth:`vecstore.engine.layer_state.LayerState.share_rows`,
-    which keeps their own charge), so the batch holds one copy of its rows and the stack's
-    charge for them is returned at once. Stacked views replaced or cleared are handed
-    out by :meth:`take_retired` (so an executor can free what it prepared for them).
+    A stack is a second copy of the batch's rows and index metadata. Its rows are placed
+    through the tier of the layer's device (:func:`~vecstore.kvstore.base.growable_rows`,
+    charging the tier's account: rows of the ``pinned`` tier go straight into page-locked
+    memory of the tier's own) and its metadata is charged to the device's
+    ``kvstore.gpu_budget_gb``, before anything is copied; both are returned when the stack
+    is replaced or cleared. When they do not fit, :meth:`view` raises
+    :class:`~vecstore.errors.CapacityError` and builds nothing.
+
+    When a batch's rows were all equally long and each has only gained segments since
+    (the same sequences in the same order, each layer's lineage unchanged,
+    :mod:`~vecstore.engine.layer_lineage`; all again equally long: a decode step that
+    indexed the tails), the stack grows instead of being rebuilt: the tier extends its rows
+    (:meth:`~vecstore.kvstore.base.KVStore.extend`; the ``pinned`` tier in place within its
+    reserve, charging only the rows added), only each row's new rows are copied in, and the
+    metadata is stacked anew (a small device copy). Anything else (a padded stack, a
+    rollback, another batch, a tier that does not grow rows, growth that does not fit)
+    rebuilds it.
+
+    When every row is equally long and sits in device memory, the sequences then read their
+    rows from the stack (:meth:`vecstore.engine.layer_state.LayerState.share_rows`, which
+    keeps their own charge), so the batch holds one copy of its rows and the stack's charge
+    for them is returned at once. Stacked views replaced (grown or rebuilt) or cleared are
+    handed out by :meth:`take_retired` (so an executor can free what it prepared for them;
+    a grown view's rows are the old view's, extended).
 
     Parameters
     ----------
     placement : Placement, optional
-        The store's tiers and accounts: rows are charged to the tier's account of the
-        layer's device, metadata to the device's; without it nothing is charged.
+        The store's tiers and accounts; without it the rows are concatenated and nothing
+        is charged.
     """
 
     def __init__(self, placement: Placement | None = None) -> None:
@@ -60,85 +77,160 @@ class BatchViews:
         Raises
         ------
         CapacityError
-            A new stack does not fit the budgets (nothing is built or charged).
+            A new stack does not fit the budgets (nothing is built or charged; the old
+            stack of the layer is gone).
         """
         if len(seqs) == 1:
             return seqs[0].layers[layer].view()
-        key = tuple((id(s), s.layers[layer].version) for s in seqs)
+        states = [s.layers[layer] for s in seqs]
+        key = tuple((id(s), st.version) for s, st in zip(seqs, states, strict=True))
         cached = self._cache.get(layer)
         if cached is not None and cached.key == key:
             return cached.view
+        if (cached is not None and self._grows(cached, states)
+                and self._grow(layer, cached, states, key)):
+            return self._cache[layer].view
         self._drop(layer)  # the old stack goes before the new one is charged and built
-        views = [s.layers[layer].view() for s in seqs]
+        views = [st.view() for st in states]
         present = [v for v in views if v is not None]
         if not present:
-            self._cache[layer] = _Stacked(key, None, [])
+            self._cache[layer] = _Stacked(key, None)
             return None
         rows = [v if v is not None else empty_view(present[0]) for v in views]
-        charges = self._charge(seqs[0].layers[layer].device, rows)
+        if self._placement is None:
+            stacked = _Stacked(key, IndexView.stack(rows))
+        else:
+            stacked = self._build(key, states, rows)
+        self._cache[layer] = stacked
+        return stacked.view
+
+    def _grows(self, old: _Stacked, states: list[LayerState]) -> bool:
+        """Whether ``old`` can grow into the stack of ``states``: it holds rows of the tier
+        and metadata on the device of theirs, unpadded, and each row is the one it holds
+        with segments appended (same lineage), all equally long again."""
+        p, dev, n = self._placement, states[0].device, states[0].num_indexed
+        if (p is None or old.grows_from is None or len(old.grows_from) != len(states)
+                or old.view is None or old.tier is not p.tier(dev) or old.meta is None
+                or old.meta[0] is not p.device_account(dev)):
+            return False
+        # a lazy layer loads on reading its segments, renewing its lineage: read them first
+        return n >= old.view.keys.shape[2] and all(
+            len(st.segments) >= k and st.lineage == lineage and st.num_indexed == n
+            for st, (lineage, k) in zip(states, old.grows_from, strict=True))
+
+    def _grow(self, layer: int, old: _Stacked, states: list[LayerState],
+              key: tuple[tuple[int, int], ...]) -> bool:
+        """Grow ``old``, the stack of ``layer``, to the rows of ``states`` (:meth:`_grows`):
+        the tier extends its rows, only the rows added are copied, the metadata is stacked
+        anew and its charge adjusted. Returns whether it did; where the tier does not grow
+        rows or the growth does not fit, nothing changed (the caller rebuilds)."""
+        tier, views = old.tier, [st.view() for st in states]
+        assert old.view is not None and old.rows is not None and old.meta is not None
+        assert tier is not None
+        n_old, n = old.view.keys.shape[2], states[0].num_indexed
+        account, old_meta = old.meta
+        meta = _meta_bytes(views)  # >= old_meta: every row kept its units
+        what = f"a stacked view of {len(views)} sequences"
+        rows = None
+        with contextlib.suppress(CapacityError):
+            account.charge(meta - old_meta, f"{what} (index metadata)")
+            try:
+                rows = old.rows if n == n_old else tier.extend(
+                    old.rows, n, f"{what} (rows, grown to {n} a head)")
+            finally:
+                if rows is None:  # not grown: the charge goes back
+                    account.release(meta - old_meta)
+        if rows is None:
+            return False
+        # old.rows are these rows now (grown in place, or moved by the tier), never to be
+        # freed: until the copies are done, the layer's entry holds them and the new charge
+        self._cache[layer] = replace(old, rows=rows, meta=(account, meta), grows_from=None)
+        for b, v in enumerate(views):
+            assert v is not None and v.keys.shape[2] == n
+            rows.keys[b, :, n_old:].copy_(v.keys[0, :, n_old:])
+            rows.values[b, :, n_old:].copy_(v.values[0, :, n_old:])
+        self._retired.append(old.view)
+        self._cache[layer] = _Stacked(key, IndexView.stack(views, (rows.keys, rows.values)),
+                                      rows, tier, (account, meta), _lineages(states))
+        return True
+
+    def _build(self, key: tuple[tuple[int, int], ...], states: list[LayerState],
+               views: list[IndexView]) -> _Stacked:
+        """A new stack of ``views`` (``B = 1`` each), its rows placed through the tier and
+        zero-padded, charged before anything is copied (or :class:`CapacityError` having
+        charged nothing); shared with the sequences where they can read their rows from it."""
+        assert self._placement is not None
+        dev = states[0].device
+        tier, account = self._placement.tier(dev), self._placement.device_account(dev)
+        v0 = views[0]
+        B, H, D = len(views), v0.keys.shape[1], v0.keys.shape[3]
+        n = max(v.keys.shape[2] for v in views)
+        what = f"a stacked view of {B} sequences"
+        rows = growable_rows(tier, (B, H, n, D), v0.keys.dtype, f"{what} (rows)")
+        meta = _meta_bytes(views)
         try:
-            batch = IndexView.stack(rows)
+            account.charge(meta, f"{what} (index metadata)")
         except BaseException:
-            _release(charges)
+            tier.free(rows)
             raise
+        for b, v in enumerate(views):
+            m = v.keys.shape[2]
+            for dst, src in ((rows.keys, v.keys), (rows.values, v.values)):
+                dst[b, :, :m].copy_(src[0])
+                dst[b, :, m:].zero_()
+        batch = IndexView.stack(views, (rows.keys, rows.values))
+        if any(v.keys.shape[2] != n for v in views):
+            return _Stacked(key, batch, rows, tier, (account, meta))
         # rows all of one length are unpadded in the stack: each sequence reads its rows
         # from there and its own copy is freed (one copy of the batch's KV, not two). Only
         # when all are: a row left on an older stack would keep all of it alive
-        if all(v is not None and v.keys.shape == present[0].keys.shape for v in views):
-            shared = [s.layers[layer].share_rows(batch.keys[b], batch.values[b])
-                      for b, s in enumerate(seqs)]
-            if charges and all(shared):  # the sequences' own charges cover these rows now
-                _release(charges[:1])
-                charges = charges[1:]
-        self._cache[layer] = _Stacked(key, batch, charges)
-        return batch
-
-    def _charge(self, device: torch.device,
-                views: list[IndexView]) -> list[tuple[MemoryAccount, int]]:
-        """Charge a stack of ``views``: ``[(rows account, bytes), (metadata account,
-        bytes)]``, or raise :class:`CapacityError` having charged nothing."""
-        if self._placement is None:
-            return []
-        rows_acct = self._placement.tier(device).account
-        meta_acct = self._placement.device_account(device)
-        B, n, c = len(views), max(v.keys.shape[2] for v in views), max(
-            v.sizes.shape[2] for v in views)
-        v0 = views[0]
-        H, D = v0.keys.shape[1], v0.keys.shape[3]
-        rows = shape_bytes((B, H, n, D), v0.keys.dtype)
-        meta = B * H * ((c + 1) * v0.offsets.element_size() + c * v0.sizes.element_size()
-                        + sum(c * math.prod(t.shape[3:]) * t.element_size()
-                              for t in v0.meta.values()))
-        what = f"a stacked view of {B} sequences"
-        rows_acct.charge(rows, f"{what} (rows)")
-        try:
-            meta_acct.charge(meta, f"{what} (index metadata)")
-        except BaseException:
-            rows_acct.release(rows)
-            raise
-        return [(rows_acct, rows), (meta_acct, meta)]
+        shared = [st.share_rows(batch.keys[b], batch.values[b]) for b, st in enumerate(states)]
+        if all(shared):  # the sequences' own charges cover these rows now
+            tier.free(rows)
+            return _Stacked(key, batch, None, tier, (account, meta))
+        return _Stacked(key, batch, rows, tier, (account, meta), _lineages(states))
 
     def _drop(self, layer: int) -> None:
         old = self._cache.pop(layer, None)
         if old is None:
             return
-        _release(old.charges)
+        if old.rows is not None:
+            assert old.tier is not None
+            old.tier.free(old.rows)
+        if old.meta is not None:
+            old.meta[0].release(old.meta[1])
         if old.view is not None:
             self._retired.append(old.view)
 
 
 @dataclass(frozen=True, slots=True)
 class _Stacked:
-    """A layer's cached stack: the batch it was built for, the view, what it charged."""
+    """A layer's cached stack: the batch it was built for, the view, the rows it holds in
+    ``tier`` (``None``: none of its own, unplaced or read by the sequences), its metadata's
+    charge, and what it holds of each row where it may grow (``(lineage, segments)`` per
+    row of an unpadded stack holding its rows; ``None`` otherwise)."""
 
     key: tuple[tuple[int, int], ...]
     view: IndexView | None
-    charges: list[tuple[MemoryAccount, int]]
+    rows: StoredRows | None = None
+    tier: KVStore | None = None
+    meta: tuple[MemoryAccount, int] | None = None
+    grows_from: tuple[tuple[int, int], ...] | None = None
 
 
-def _release(charges: list[tuple[MemoryAccount, int]]) -> None:
-    for account, num_bytes in charges:
-        account.release(num_bytes)
+def _lineages(states: list[LayerState]) -> tuple[tuple[int, int], ...]:
+    """What a stack of ``states`` holds of each row: ``(lineage, segments)``."""
+    return tuple((st.lineage, len(st.segments)) for st in states)
+
+
+def _meta_bytes(views: list[IndexView]) -> int:
+    """Bytes of the index metadata of ``views`` stacked (padded to the most units)."""
+    B, c = len(views), max(v.sizes.shape[2] for v in views)
+    v0 = views[0]
+    H = v0.keys.shape[1]
+    return B * H * ((c + 1) * v0.offsets.element_size() + c * v0.sizes.element_size()
+                    + sum(c * math.prod(t.shape[3:]) * t.element_size()
+                          for t in v0.meta.values()))
 
 
 def stack_steady(seqs: list[Sequence], layer: int) -> Steady:

@@ -6,6 +6,7 @@ import torch
 
 from vecstore.config import StoreConfig
 from vecstore.engine.layer_image import LayerImage, place_segments
+from vecstore.engine.layer_lineage import new_lineage
 from vecstore.engine.layer_mark import LayerMark
 from vecstore.engine.tail import TailBuffer
 from vecstore.index.base import Index, IndexView, Segment
@@ -34,6 +35,10 @@ class LayerState:
     Index views the layer replaces (it grew, rolled back, moved, shared its rows or was
     released) are no longer queried: :meth:`take_retired` hands them to the engine, which
     lets the executor free what it prepared for them.
+
+    ``version`` changes whenever the segments do; ``lineage``
+    (:mod:`~vecstore.engine.layer_lineage`) only when segments are removed or replaced other
+    than by appending (a rollback to fewer, :meth:`release`, a lazy layer's load).
     """
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -49,7 +54,8 @@ class LayerState:
         self.placement = placement
         self.label = label or "a layer"
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
-        self.version = 0  # bumped whenever segments change
+        self.version = 0
+        self.lineage = new_lineage()
         self._indexed = (0, 0)  # (version, tokens in segments) of the last count
         # shared with a batch (vecstore.engine.shared_tail)
         self.tail_buffer: TailBuffer | None = None
@@ -90,6 +96,8 @@ class LayerState:
         """Put the layer back as it was at ``mark`` (and drop its cached view)."""
         self.sink_keys, self.sink_values = mark.sink_keys, mark.sink_values
         self.pending_keys, self.pending_values = mark.pending_keys, mark.pending_values
+        if mark.num_segments < len(self.segments):
+            self.lineage = new_lineage()
         self.segments = self.segments[:mark.num_segments]
         self.add_segments([])  # bumps the version and drops the cached view
 
@@ -258,6 +266,7 @@ class LayerState:
                 self.segments = []
                 self._view = None
                 self.version += 1
+                self.lineage = new_lineage()
 
     # -- placement -----------------------------------------------------------------------
     def _is_placed(self, segments: list[Segment]) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from vecstore.config import StoreConfig
+from vecstore.engine.layer_lineage import new_lineage
 from vecstore.engine.layer_state import LayerState
 from vecstore.index.base import Index
 from vecstore.kvstore.placement import Placement
@@ -81,3 +82,4 @@ class LazyLayer(LayerState):
             self._segments = data.segments
             self._loader = None
             self.version += 1  # the segments changed: counts and views are stale
+            self.lineage = new_lineage()  # replaced, not appended to

@@ -88,9 +88,15 @@ class IndexView:
         )
 
     @staticmethod
-    def stack(views: list[IndexView]) -> IndexView:
-        """Stack ``B = 1`` views into one batch, padding tokens and units."""
-        if len(views) == 1:
+    def stack(views: list[IndexView],
+              rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> IndexView:
+        """Stack ``B = 1`` views into one batch, padding tokens and units.
+
+        ``rows``: the batch's ``[B, Hkv, N, D]`` keys and values, already holding the views'
+        rows, zero-padded (the caller placed them, e.g. in a KV tier); only the metadata is
+        stacked then. By default the views' rows are concatenated.
+        """
+        if len(views) == 1 and rows is None:
             return views[0]
         n = max(v.keys.shape[2] for v in views)
         c = max(v.sizes.shape[2] for v in views)
@@ -103,19 +109,14 @@ class IndexView:
             shape[dim] = extra
             return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
-        pinned = any(v.keys.is_pinned() for v in views)
-
-        def rows(parts: list[torch.Tensor]) -> torch.Tensor:
-            # rows kept in pinned host memory stay pinned: the GPU reads them in place
-            out = torch.cat(parts)
-            return out.pin_memory() if pinned else out
-
+        if rows is None:
+            rows = (torch.cat([pad(v.keys, 2, n) for v in views]),
+                    torch.cat([pad(v.values, 2, n) for v in views]))
         # padding units repeat the last offset, so they have size 0
         offsets = [torch.cat([v.offsets, v.offsets[..., -1:].expand(
             -1, -1, c + 1 - v.offsets.shape[2])], dim=2) for v in views]
         return IndexView(
-            keys=rows([pad(v.keys, 2, n) for v in views]),
-            values=rows([pad(v.values, 2, n) for v in views]),
+            keys=rows[0], values=rows[1],
             offsets=torch.cat(offsets),
             sizes=torch.cat([pad(v.sizes, 2, c) for v in views]),
             meta={k: torch.cat([pad(v.meta[k], 2, c) for v in views]) for k in views[0].meta},

@@ -18,7 +18,7 @@ from vecstore.kvstore.row_transfer import copy_across
 from vecstore.registry import Registry
 
 __all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "copy_rows",
-           "shape_bytes"]
+           "growable_rows", "shape_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +200,31 @@ def copy_rows(tier: KVStore, keys: torch.Tensor, values: torch.Tensor) -> Stored
     rows = tier.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
     copy_across(keys, rows.keys)
     copy_across(values, rows.values)
+    return rows
+
+
+def growable_rows(tier: KVStore, shape: tuple[int, ...], dtype: torch.dtype,
+                  what: str = "") -> StoredRows:
+    """Uninitialised ``[..., N, D]`` rows of ``shape`` in ``tier``, to be grown by
+    :meth:`KVStore.extend`: where the tier grows rows they are grown from no rows, so a tier
+    that grows them in place does so from their first growth on (the ``pinned`` tier
+    reserves address space for more and commits, pins and charges only these); elsewhere
+    :meth:`KVStore.allocate`.
+
+    Raises
+    ------
+    CapacityError
+        They do not fit in the budget; nothing is allocated.
+    """
+    empty = tier.allocate((*shape[:-2], 0, shape[-1]), dtype, what)
+    try:
+        rows = tier.extend(empty, shape[-2], what)
+    except BaseException:
+        tier.free(empty)
+        raise
+    if rows is None:
+        tier.free(empty)
+        rows = tier.allocate(shape, dtype, what)
     return rows
 
 

@@ -10,6 +10,7 @@ import torch
 
 from vecstore.errors import CapacityError
 from vecstore.kvstore import GPUKVStore, PinnedKVStore
+from vecstore.kvstore.base import growable_rows
 from vecstore.kvstore.host_pages import HostPages
 
 
@@ -73,3 +74,19 @@ def test_pinned_tier_pages_are_aligned_and_its_own():
     x = bufs[0].view(torch.bfloat16).view(3, 4)
     x.fill_(1.5)
     assert x.sum().item() == 18.0
+
+
+def test_growable_pinned_rows_grow_in_place_from_the_first_growth():
+    tier = PinnedKVStore()
+    rows = growable_rows(tier, (2, 4, 100, 8), torch.float32)
+    rows.keys.fill_(1.0)
+    ptr = rows.keys.data_ptr()
+    for n in (101, 250, 400):  # within the reserve of 4 x 100 rows (a whole page more)
+        rows = tier.extend(rows, n)
+        assert rows.keys.data_ptr() == ptr and rows.keys.shape == (2, 4, n, 8)
+        assert rows.num_bytes == tier.account.used_bytes == 2 * 2 * 4 * n * 8 * 4
+    assert float(rows.keys[:, :, :100].sum()) == 2 * 4 * 100 * 8
+    rows = tier.extend(rows, 4000)  # past it: moved once, the rows kept
+    assert rows.keys.data_ptr() != ptr and float(rows.keys[:, :, :100].sum()) == 6400
+    tier.free(rows)
+    assert tier.account.used_bytes == 0
