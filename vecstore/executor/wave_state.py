@@ -41,12 +41,12 @@ class PreparedView:
     k1, k2 : torch.Tensor
         ``[rows]`` int32 retrieved, and retrieved plus estimated, clusters per row.
     r_max : int
-        Largest ``k1``.
+        Largest ``k1``, rounded up to a multiple of 16 (so is every capacity here).
     e_max : int
-        Largest ``k2 - k1``.
+        Largest ``k2 - k1``, rounded up.
     max_rows : int
-        Most rows the retrieved clusters of a row can hold (its ``r_max`` largest
-        clusters): the execution buffer's length.
+        Most rows the retrieved clusters of a row can hold (its ``k1`` largest
+        clusters), rounded up: the execution buffer's length.
     tokens_total : int
         Indexed tokens over all rows, per KV head.
     buffer : WaveBuffer | None
@@ -171,8 +171,8 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
     counts = [zone_sizes(int(n), layer, index) for n in view.num_units.tolist()]
     k1 = torch.tensor([r for r, _ in counts], dtype=torch.int32).repeat_interleave(H)
     k2 = torch.tensor([r + e for r, e in counts], dtype=torch.int32).repeat_interleave(H)
-    r_max = max(1, int(k1.max()))
-    e_max = max(1, int((k2 - k1).max()))
+    k1_max = max(1, int(k1.max()))
+    r_max, e_max = _capacity(k1_max), _capacity(int((k2 - k1).max()))
     sizes = view.sizes.reshape(rows, C)
     vmean = summary.value_sums / sizes.clamp_min(1)[..., None].reshape(B, H, C, 1)
     cent, code_scales = summary.centroids, None
@@ -183,9 +183,9 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
         cent = cent.to(score_dtype or kv_dtype).contiguous()
     keys = view.keys.reshape(rows, N, D)
     values = view.values.reshape(rows, N, D)
-    # the execution buffer fits the r_max largest clusters of any row
-    top = torch.sort(sizes, dim=1, descending=True).values[:, :r_max].sum(1)
-    max_rows = max(1, int(top.max()))
+    # the execution buffer fits the k1 largest clusters of any row
+    top = torch.sort(sizes, dim=1, descending=True).values[:, :k1_max].sum(1)
+    max_rows = _capacity(int(top.max()))
     buffer = None
     if keys.device != dev or offload:  # offloaded: the block cache serves
         buffer = WaveBuffer(
@@ -204,3 +204,10 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
         e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
         radii=radii, radius_weight=weight, code_scales=code_scales,
     )
+
+
+def _capacity(n: int) -> int:
+    """``n`` (at least 1) rounded up to a multiple of 16: the zone and row-map capacities
+    are kernel arguments, which Triton specializes on divisibility by 16, so capacities that
+    drifted across that line as a layer grew made the kernels compile again."""
+    return -(-max(1, n) // 16) * 16
