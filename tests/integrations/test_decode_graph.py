@@ -187,3 +187,26 @@ def test_nan_in_the_last_step_before_a_flush_is_reported_before_the_flush():
             model(nxt, use_cache=True, **{kw: cache})  # checked before the ordinary step
         assert [s.num_tokens for s in cache.sequences] == counts
         assert all(torch.isfinite(s.layers[0].steady()[0]).all() for s in cache.sequences)
+
+
+def test_fixed_shape_steps_slice_no_tail_views(monkeypatch):
+    # a step moves every row's tail on by a token; the views are sliced only when read (at
+    # the next flush), not for every row and layer of every step
+    from vecstore.engine.tail import TailBuffer
+
+    model = tiny_model("llama", 4, 2, seed=2)
+    ids, mask = left_padded([30, 25], seed=2)
+    with WaveCache(WAVE, model, cuda_graphs=True) as cache:
+        _decoding(model, cache, ids, mask, 3)  # prefill, then ordinary and first static steps
+        sliced = []
+        original = TailBuffer.row
+        monkeypatch.setattr(TailBuffer, "row",
+                            lambda self, b, n: sliced.append(b) or original(self, b, n))
+        static = cache.graph.static_steps
+        kw = cache_kwarg(model)
+        for _ in range(3):
+            assert not flush_due(cache.graph.decoder.tail_tokens, 4, 8)
+            model(ids[:, -1:], use_cache=True, **{kw: cache})
+        assert cache.graph.static_steps == static + 3 and sliced == []
+        tails = [s.layers[0].pending_keys for s in cache.sequences]  # read: sliced now
+        assert len(sliced) == 2 and [t.shape[1] for t in tails] == [tails[0].shape[1]] * 2

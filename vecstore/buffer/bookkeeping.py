@@ -13,6 +13,7 @@ arrives.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import torch
 from vecstore.buffer.recency import RECENCY, RecencyOrder
 from vecstore.policies import CachePolicy, make_policy
 
-__all__ = ["StepRecord", "PolicyBookkeeper"]
+__all__ = ["StepRecord", "PolicyBookkeeper", "RecordPool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,41 @@ class StepRecord:
     evicted: torch.Tensor
     count: torch.Tensor
     ready: torch.cuda.Event | None
+
+
+class RecordPool:
+    """Pinned host records of a CUDA buffer's steps, reused once the worker applied them.
+
+    A step copies its record to pinned host memory for the policy worker; allocating five
+    pinned tensors and an event for every layer of every step is host time the decode loop
+    waits for. A record is taken from the pool when the worker is done with it (its
+    submission's future completed), else a new one is made; at most ``size`` are kept.
+
+    Parameters
+    ----------
+    parts : list[torch.Tensor]
+        The device tensors of a record, in :class:`StepRecord`'s order (shapes and dtypes).
+    size : int
+        Records kept for reuse.
+    """
+
+    def __init__(self, parts: list[torch.Tensor], size: int = 4) -> None:
+        self._shapes = [(tuple(p.shape), p.dtype) for p in parts]
+        self._size = size
+        self._kept: deque[tuple[StepRecord, Future[None]]] = deque()
+
+    def take(self) -> StepRecord:
+        """A record free to be written (copies into it may start now): the oldest kept one
+        the worker is done with, else a new one."""
+        if self._kept and self._kept[0][1].done():
+            return self._kept.popleft()[0]
+        host = [torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in self._shapes]
+        return StepRecord(*host, ready=torch.cuda.Event())
+
+    def track(self, record: StepRecord, applied: Future[None]) -> None:
+        """Keep ``record`` for reuse once ``applied`` completes."""
+        if len(self._kept) < self._size:
+            self._kept.append((record, applied))
 
 
 class PolicyBookkeeper:

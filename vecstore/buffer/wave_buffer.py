@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vecstore.buffer.bookkeeping import PolicyBookkeeper, StepRecord
+from vecstore.buffer.bookkeeping import PolicyBookkeeper, RecordPool, StepRecord
 from vecstore.kernels.exec_layout import ExecLayout
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore.base import MemoryAccount
@@ -131,6 +131,7 @@ class WaveBuffer:
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._misses_done: torch.cuda.Event | None = None
         self._zones: Zones | None = None
+        self._records: RecordPool | None = None  # pinned step records (CUDA)
 
     # -- device work of one step (fixed shapes) ----------------------------------------
     def lookup(self, zones: Zones) -> None:
@@ -211,15 +212,18 @@ class WaveBuffer:
         zones = self._zones
         assert zones is not None
         parts = [zones.ids, self.slot, self.admitted, self.evicted, zones.count]
-        if self.device.type == "cuda":
-            host = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in parts]
-            for h, p in zip(host, parts, strict=True):
-                h.copy_(p, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            host, ready = [p.clone() for p in parts], None
-        self.bookkeeper.submit(StepRecord(*host, ready=ready))
+        if self.device.type != "cuda":
+            self.bookkeeper.submit(StepRecord(*[p.clone() for p in parts], ready=None))
+            return
+        if self._records is None:
+            self._records = RecordPool(parts)
+        record = self._records.take()
+        host = [record.ids, record.slot, record.admitted, record.evicted, record.count]
+        for h, p in zip(host, parts, strict=True):
+            h.copy_(p, non_blocking=True)
+        assert record.ready is not None
+        record.ready.record()
+        self._records.track(record, self.bookkeeper.submit(record))
 
     @property
     def stats(self) -> BufferStats:

@@ -106,7 +106,7 @@ class BatchDecoder:
         """Whether the sequences are still exactly as this decoder left them (nothing
         appended, rolled back, sealed or dropped around it)."""
         return all(not s.is_dropped for s in self.seqs) and all(
-            st.pending_keys is k and st.version == v
+            _mark(st) is k and st.version == v
             for step, expect in zip(self.layers, self._expect, strict=True)
             for st, (k, v) in zip(step.states, expect, strict=True))
 
@@ -184,7 +184,7 @@ class BatchDecoder:
 
     @staticmethod
     def _heads(step: LayerStep) -> list[tuple[torch.Tensor, int]]:
-        return [(st.pending_keys, st.version) for st in step.states]
+        return [(_mark(st), st.version) for st in step.states]
 
     # -- device side (capturable) --------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -223,3 +223,10 @@ class BatchDecoder:
             self.finite.fill_(1)
             self.col += 1
             self.lengths += 1
+
+
+def _mark(state: LayerState) -> object:
+    """What identifies ``state``'s tail as it is now, without slicing it: where in a batch's
+    buffer it is read from, else its own keys."""
+    at = state.tail_at
+    return at if at is not None else state.pending_keys

@@ -8,7 +8,7 @@ from vecstore.config import StoreConfig
 from vecstore.engine.layer_image import LayerImage, place_segments
 from vecstore.engine.layer_lineage import new_lineage
 from vecstore.engine.layer_mark import LayerMark
-from vecstore.engine.tail import TailBuffer
+from vecstore.engine.tail import PendingTail, TailBuffer, TailHolder
 from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import StoredRows
 from vecstore.kvstore.placement import Placement
@@ -16,7 +16,7 @@ from vecstore.kvstore.placement import Placement
 __all__ = ["LayerState"]
 
 
-class LayerState:
+class LayerState(TailHolder):
     """Tokens of one layer: sinks, indexed segments, and a pending tail.
 
     Tokens ``[0, sink)`` stay in ``sink_keys``; later tokens enter the pending tail,
@@ -46,7 +46,7 @@ class LayerState:
                  placement: Placement | None = None, label: str = "") -> None:
         empty = torch.empty(num_kv_heads, 0, head_dim, dtype=dtype, device=device)
         self.sink_keys, self.sink_values = empty, empty
-        self.pending_keys, self.pending_values = empty, empty
+        self._tail = PendingTail(empty, empty)
         self.segments: list[Segment] = []
         self.device = torch.device(device)
         self.index = index
@@ -57,15 +57,14 @@ class LayerState:
         self.version = 0
         self.lineage = new_lineage()
         self._indexed = (0, 0)  # (version, tokens in segments) of the last count
-        # shared with a batch (vecstore.engine.shared_tail)
-        self.tail_buffer: TailBuffer | None = None
+        self.tail_buffer: TailBuffer | None = None  # a batch's (vecstore.engine.shared_tail)
         self._view: IndexView | None = None
         self._image: LayerImage | None = None
         self._retired: list[IndexView] = []
 
     @property
     def num_tokens(self) -> int:
-        return self.sink_keys.shape[1] + self.pending_keys.shape[1] + self.num_indexed
+        return self.sink_keys.shape[1] + self._pending().length + self.num_indexed
 
     @property
     def num_indexed(self) -> int:
@@ -95,17 +94,11 @@ class LayerState:
     def restore(self, mark: LayerMark) -> None:
         """Put the layer back as it was at ``mark`` (and drop its cached view)."""
         self.sink_keys, self.sink_values = mark.sink_keys, mark.sink_values
-        self.pending_keys, self.pending_values = mark.pending_keys, mark.pending_values
+        self._tail.set(mark.pending_keys, mark.pending_values)
         if mark.num_segments < len(self.segments):
             self.lineage = new_lineage()
         self.segments = self.segments[:mark.num_segments]
         self.add_segments([])  # bumps the version and drops the cached view
-
-    def read_tail_from(self, buf: TailBuffer, row: int, n: int) -> None:
-        """Make the pending tail the first ``n`` tail tokens of ``row`` of ``buf``
-        (:mod:`vecstore.engine.shared_tail`), which the layer reads its tail from from now on."""
-        self.tail_buffer = buf
-        self.pending_keys, self.pending_values = buf.row(row, n)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, *,
                whole_segments: bool = False) -> list[Segment]:
@@ -152,7 +145,7 @@ class LayerState:
             pending_values = pending_values[:, ready:].contiguous()
             image = self._place(self.segments + new)  # may raise: nothing changed yet
         self.sink_keys, self.sink_values = sink_keys, sink_values
-        self.pending_keys, self.pending_values = pending_keys, pending_values
+        self._tail.set(pending_keys, pending_values)
         if new:
             self.tail_buffer = None  # the tail is a tensor of its own now
             self._install(self.segments + new, image)
@@ -192,8 +185,7 @@ class LayerState:
                 for s in segments
             ]
         self.sink_keys, self.sink_values = self.sink_keys.to(device), self.sink_values.to(device)
-        self.pending_keys = self.pending_keys.to(device)
-        self.pending_values = self.pending_values.to(device)
+        self._tail.set(self.pending_keys.to(device), self.pending_values.to(device))
         self.tail_buffer = None  # the tail no longer lives in it
         self.device = device
         self._install(segments, image)

@@ -11,6 +11,7 @@ import torch
 from vecstore.config import StoreConfig
 from vecstore.engine.layer_lineage import new_lineage
 from vecstore.engine.layer_state import LayerState
+from vecstore.engine.tail import PendingTail
 from vecstore.index.base import Index
 from vecstore.kvstore.placement import Placement
 from vecstore.storage.records import LoadedLayer
@@ -41,8 +42,6 @@ class LazyLayer(LayerState):
 
     sink_keys = _lazy("sink_keys")
     sink_values = _lazy("sink_values")
-    pending_keys = _lazy("pending_keys")
-    pending_values = _lazy("pending_values")
     segments = _lazy("segments")
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -68,6 +67,10 @@ class LazyLayer(LayerState):
     def num_indexed(self) -> int:
         return self._counts[1] if self._loader is not None else super().num_indexed
 
+    def _pending(self) -> PendingTail:
+        self.materialize()
+        return self._tail
+
     def materialize(self) -> None:
         """Load the layer now (a no-op once loaded); errors leave it unloaded."""
         if self._loader is None:
@@ -78,7 +81,7 @@ class LazyLayer(LayerState):
                 return
             data = loader()
             self._sink_keys, self._sink_values = data.sink_keys, data.sink_values
-            self._pending_keys, self._pending_values = data.pending_keys, data.pending_values
+            self._tail.set(data.pending_keys, data.pending_values)
             self._segments = data.segments
             self._loader = None
             self.version += 1  # the segments changed: counts and views are stale

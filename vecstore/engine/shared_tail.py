@@ -16,10 +16,10 @@ def holds(buf: TailBuffer, states: list[LayerState], n: int) -> bool:
     """Whether every ``states[b]``'s tail is exactly row ``b``'s first ``n`` tail tokens of
     ``buf`` (and its sinks the buffer's)."""
     return len(states) == buf.keys.shape[0] and all(
-        st.tail_buffer is buf
-        and st.pending_keys.shape[1] == n and st.pending_values.shape[1] == n
-        and st.sink_keys.shape[1] == buf.sinks
-        and buf.holds_row(b, st.pending_keys, st.pending_values)
+        st.tail_buffer is buf and st.sink_keys.shape[1] == buf.sinks
+        and (st.tail_at == (buf, b, n) or (
+            st.pending_keys.shape[1] == n and st.pending_values.shape[1] == n
+            and buf.holds_row(b, st.pending_keys, st.pending_values)))
         for b, st in enumerate(states))
 
 
