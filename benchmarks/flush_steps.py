@@ -1,0 +1,116 @@
+"""Decode steps through ``WaveCache`` across segment flushes: every step's wall time.
+
+A wave cache decodes most steps as one replayed CUDA graph; the step whose token makes the
+tails index a segment (every ``attention.update_tokens`` = 1,024 tokens) runs the model's
+forward eagerly, the tails' segment is clustered and placed, the executor prepares the grown
+views, and the next step captures the graph again. This times each step on its own (a
+synchronised start and end) after a prompt of ``--context`` random tokens, reports the
+median step and the slowest ones (the flushes, the first steps), and writes a ``cProfile``
+of the host's time over all steps after the first ``WARMUP`` (Triton compilations at a
+flush show up there: a kernel argument crossing a multiple of 16 compiles the kernel again).
+
+    python benchmarks/flush_steps.py [--layers 4] [--batch 8] [--context 16384]
+        [--steps 2200] [--caches wave wave-pinned] [--shape llama-3-8b] [--device cuda]
+        [--out DIR]
+
+Writes ``flush_steps.{json,md}`` and ``flush_steps_profile_<cache>.txt`` under ``--out``
+(default ``benchmarks/results``). Triton's disk cache carries compiled kernels from one run
+to the next: compare runs made on equally fresh machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
+from benchmarks.e2e import prefill  # noqa: E402
+from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
+
+WARMUP = 5  # steps left out of the profile (the first compiles and captures)
+SLOWEST = 8
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def run(name: str, model, batch: int, context: int, steps: int,
+        device: torch.device) -> tuple[dict, str]:
+    """Step times of cache ``name`` (a row) and the profile of its steps after the first
+    :data:`WARMUP`."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device,
+                        generator=gen)
+    cache = make_cache(name, model, batch, context + steps + 1)
+    try:
+        step = make_step(name, model, cache)
+        nxt = prefill(model, cache, ids, max(1, 16384 // batch)).argmax(-1)
+        times, prof = [], cProfile.Profile()
+        for i in range(steps):
+            _sync(device)
+            t0 = time.perf_counter()
+            if i >= WARMUP:
+                prof.enable()
+            nxt = step(nxt)
+            _sync(device)
+            if i >= WARMUP:
+                prof.disable()
+            times.append(time.perf_counter() - t0)
+    finally:
+        cache.close()
+    median = sorted(times)[len(times) // 2]
+    slow = sorted(sorted(range(steps), key=lambda i: -times[i])[:SLOWEST])
+    row = {"cache": name, "median_ms": median * 1e3,
+           "slowest": ", ".join(f"{i}: {times[i] * 1e3:.0f}" for i in slow),
+           "excess_s": sum(t - median for t in times[WARMUP:]),
+           "steps": steps, "step_ms": times}
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
+    return row, text.getvalue()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=16384)
+    parser.add_argument("--steps", type=int, default=2200)
+    parser.add_argument("--caches", nargs="+", default=["wave", "wave-pinned"],
+                        choices=["wave", "wave-pinned"])
+    parser.add_argument("--shape", default="llama-3-8b", choices=sorted(MODELS))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    model = build_model(args.layers, args.shape, args.device)
+    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.caches:
+        row, profile = run(name, model, args.batch, args.context, args.steps, device)
+        (args.out / f"flush_steps_profile_{name}.txt").write_text(profile)
+        rows.append(row)
+        print({k: v for k, v in row.items() if k != "step_ms"}, flush=True)
+    meta = {**machine(), "layers": args.layers, "batch": args.batch, "context": args.context,
+            "shape": args.shape, "warmup": WARMUP,
+            "timing": "each step's wall time between synchronisations (ms)"}
+    write_results(args.out, "flush_steps", meta, rows,
+                  ["cache", "median_ms", "excess_s", "slowest"],
+                  f"Decode steps across segment flushes, {args.layers} layers x {args.batch} x "
+                  f"{args.context} tokens, {args.steps} steps (slowest: step: ms)")
+
+
+if __name__ == "__main__":
+    main()
