@@ -183,7 +183,7 @@ class BatchDecoder:
         self._expect = [self._heads(step) for step in self.layers]
 
     @staticmethod
-    def _heads(step: LayerStep) -> list[tuple[torch.Tensor, int]]:
+    def _heads(step: LayerStep) -> list[tuple[object, int]]:
         return [(_mark(st), st.version) for st in step.states]
 
     # -- device side (capturable) --------------------------------------------------------
