@@ -80,8 +80,9 @@ def _nearest_by_bmm(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 def _kernel_fits(x: torch.Tensor) -> bool:
     """Whether the assignment kernel serves ``x``: float32 on a device Triton compiles for,
-    a power-of-two dimension from 16 (a ``tl.dot`` operand) to 256 (a program holds a tile
-    of points and one of centroids in shared memory)."""
+    a power-of-two dimension from 16 (a ``tl.dot`` operand) to 128 (a program holds a tile
+    of points and pipelined tiles of centroids in shared memory; compiled and run on the
+    H200 at 128)."""
     D = x.shape[-1]
-    return (x.dtype == torch.float32 and 16 <= D <= 256 and D & (D - 1) == 0
+    return (x.dtype == torch.float32 and 16 <= D <= 128 and D & (D - 1) == 0
             and resolve_backend("auto", x.device) == "triton")
