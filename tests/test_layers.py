@@ -50,6 +50,7 @@ LAYERS: dict[str, float] = {
     "vecstore.engine.layer_state": 5.1,
     "vecstore.engine.lazy_layer": 5.2,
     "vecstore.engine.shared_tail": 5.2,
+    "vecstore.engine.batch_share": 5.2,
     "vecstore.engine.sequence": 5.2,
     "vecstore.engine.batch": 5.3,
     "vecstore.engine.decoder": 5.3,

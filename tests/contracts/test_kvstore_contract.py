@@ -162,3 +162,26 @@ def test_growable_rows_are_allocated_rows_that_extend_keeps(kind: str) -> None:
         rows = grown
     tier.free(rows)
     assert tier.account.used_bytes == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_rows_are_the_batch_rows_charged_in_parts(kind: str) -> None:
+    tier = make_kvstore(kind)
+    rows = growable_rows(tier, (3, 2, 5, 8), torch.float32, "a stack")
+    keys = _rows((3, 2, 5, 8), torch.float32, 7)
+    rows.keys.copy_(keys)
+    rows.values.copy_(-keys)
+    parts = tier.split(rows)
+    assert [p.keys.data_ptr() for p in parts] == [rows.keys[b].data_ptr() for b in range(3)]
+    assert all(torch.equal(p.keys.cpu(), keys[b]) and torch.equal(p.values.cpu(), -keys[b])
+               for b, p in enumerate(parts))
+    assert sum(p.num_bytes for p in parts) == rows.num_bytes == tier.account.used_bytes
+    grown = tier.extend(parts[1], 40, "batch row 1")  # one part grows on its own
+    if grown is not None:
+        parts[1] = grown
+        assert torch.equal(grown.keys[:, :5].cpu(), keys[1])
+    tier.free(parts[0])
+    assert all(torch.equal(p.keys[:, :5].cpu(), keys[b]) for b, p in enumerate(parts))
+    for p in parts[1:]:
+        tier.free(p)
+    assert tier.account.used_bytes == 0

@@ -61,16 +61,21 @@ def test_a_padded_stack_is_charged_while_its_batch_is_queried():
     store.close()
 
 
-def test_pinned_rows_of_a_stack_are_charged_to_the_pinned_budget():
+@pytest.mark.parametrize("lengths", [[200, 120], [200, 200]])
+def test_pinned_rows_of_a_stack_are_charged_to_the_pinned_budget(lengths):
     pinned = StoreConfig.from_dict({**CFG, "kvstore": {"kind": "pinned"}}).to_dict()
-    store, seqs = _filled([200, 200], pinned)
+    store, seqs = _filled(lengths, pinned)
     before = store.memory()
     store.query(seqs, 0, _q(2))
     rows, meta = _stack_bytes([s.layers[0].view() for s in seqs])
     after = store.memory()
-    assert after["kvstore.pinned_budget_gb"][0] == before["kvstore.pinned_budget_gb"][0] + rows
+    # equal rows are shared: the stack's charge went with the sequences' own rows
+    held = rows if lengths[0] != lengths[1] else 0
+    assert after["kvstore.pinned_budget_gb"][0] == before["kvstore.pinned_budget_gb"][0] + held
+    assert after["kvstore.pinned_budget_gb"][1] == before["kvstore.pinned_budget_gb"][0] + rows
     assert after[GPU][0] == before[GPU][0] + meta
     store.close()
+    assert store.memory()["kvstore.pinned_budget_gb"][0] == 0
 
 
 @pytest.mark.parametrize("lengths", [[200, 120, 200], [200, 200, 200]])

@@ -1,7 +1,10 @@
-"""A pinned batch's stacked view grows with its rows: when every row only gained segments
-(a decode step that indexed the tails), the tier extends the stack in place and only the
-rows added are copied; anything else (a rollback, padding) rebuilds it. The stack always
-equals one built afresh, and its charges stay exact."""
+"""A pinned batch's stacked view grows with its rows. Rows all equally long are shared: each
+sequence's layer reads, and grows in place within the stack's reserve, its batch row of the
+stack, so the batch holds one copy of its KV and the stack grows with nothing copied; a row
+that moves out of the stack (its reserve full) has the stack rebuilt. A stack of its own
+(a tier that does not share rows) is extended in place and only the rows added are copied.
+Anything else (a rollback, padding) rebuilds it. The stack always equals one built afresh,
+and the charges stay exact."""
 
 from __future__ import annotations
 
@@ -13,12 +16,33 @@ from vecstore import Store
 from vecstore.engine.batch import BatchViews
 from vecstore.errors import CapacityError
 from vecstore.index.base import IndexView
+from vecstore.kvstore import KVSTORES, PinnedKVStore
 
 H, D = 2, 8
 CFG = {"index": {"tokens_per_cluster": 4, "segment_tokens": 32},
        "attention": {"sink_tokens": 3, "window_tokens": 5, "update_tokens": 16},
        "kvstore": {"kind": "pinned"}}
+UNSHARED = {**CFG, "kvstore": {"kind": "unshared_pinned"}}
+MEMORY = {k: v for k, v in CFG.items() if k != "kvstore"}
 PINNED, GPU = "kvstore.pinned_budget_gb", "kvstore.gpu_budget_gb on cpu"
+
+
+class _Unshared(PinnedKVStore):
+    """The pinned tier, its rows never shared: a batch's stack holds rows of its own."""
+
+    shareable_rows = False
+
+
+@pytest.fixture(params=["shared", "unshared"])
+def config(request, register) -> dict:
+    register(KVSTORES, "unshared_pinned", _Unshared)
+    return CFG if request.param == "shared" else UNSHARED
+
+
+@pytest.fixture
+def unshared(register) -> dict:
+    register(KVSTORES, "unshared_pinned", _Unshared)
+    return UNSHARED
 
 
 def _kv(B: int, T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,12 +96,13 @@ def _stacked(store: Store) -> IndexView:
     return store._queries._batch_views._cache[0].view
 
 
-def test_a_decoding_pinned_batch_grows_its_stack_in_place_with_the_same_answers():
-    store, seqs = _filled(3)
-    ref, ref_seqs = _filled(3, config={k: v for k, v in CFG.items() if k != "kvstore"})
+def test_a_decoding_pinned_batch_grows_its_stack_in_place_with_the_same_answers(config):
+    store, seqs = _filled(3, config=config)
+    ref, ref_seqs = _filled(3, config=MEMORY)
     store.query(seqs, 0, _q(3, 0))
     first = _stacked(store)
     ptr, sizes = first.keys.data_ptr(), {first.keys.shape[2]}
+    shared = config is CFG
     for step in range(40):  # the tails index a segment every 16 steps
         k, v = _kv(3, 1, 100 + step)
         store.append_batch(seqs, 0, k, v)
@@ -92,16 +117,21 @@ def test_a_decoding_pinned_batch_grows_its_stack_in_place_with_the_same_answers(
         sizes.add(view.keys.shape[2])
         rows, meta = _layer_bytes(seqs)
         stack_rows, stack_meta = _stack_bytes(view)
-        assert store.memory()[PINNED][0] == rows + stack_rows  # only the rows held
+        # shared: one copy, the layers' rows are the stack's batch rows
+        assert store.memory()[PINNED][0] == rows + (0 if shared else stack_rows)
         assert store.memory()[GPU][0] == meta + stack_meta
+        assert shared == all(
+            s.layers[0].rows.keys.data_ptr() == view.keys[b].data_ptr()
+            and s.layers[0].rows.values.data_ptr() == view.values[b].data_ptr()
+            for b, s in enumerate(seqs))
     assert len(sizes) == 3  # two segments indexed: grown twice
     store.close()
     ref.close()
     assert store.placement.usage()[PINNED][0] == store.placement.usage()[GPU][0] == 0
 
 
-def test_growth_copies_only_the_rows_added_and_retires_the_old_view():
-    store, seqs = _filled(3)
+def test_growth_copies_only_the_rows_added_and_retires_the_old_view(unshared):
+    store, seqs = _filled(3, config=unshared)
     views = BatchViews(store.placement)
     old = views.view(seqs, 0)
     assert old is not None
@@ -124,8 +154,8 @@ def test_growth_copies_only_the_rows_added_and_retires_the_old_view():
 
 
 def test_a_growth_that_fails_after_the_tier_grew_its_rows_keeps_the_charges_exact(
-        monkeypatch):
-    store, seqs = _filled(3)
+        monkeypatch, config):
+    store, seqs = _filled(3, config=config)
     views = BatchViews(store.placement)
     views.view(seqs, 0)
     store.append_batch(seqs, 0, *_kv(3, 20, 1))
@@ -144,8 +174,8 @@ def test_a_growth_that_fails_after_the_tier_grew_its_rows_keeps_the_charges_exac
     store.close()
 
 
-def test_a_rolled_back_layer_rebuilds_the_stack_over_its_new_rows():
-    store, seqs = _filled(3)
+def test_a_rolled_back_layer_rebuilds_the_stack_over_its_new_rows(config):
+    store, seqs = _filled(3, config=config)
     views = BatchViews(store.placement)
     views.view(seqs, 0)
     marks = [s.layers[0].mark() for s in seqs]
@@ -167,8 +197,8 @@ def test_a_rolled_back_layer_rebuilds_the_stack_over_its_new_rows():
     store.close()
 
 
-def test_a_rolled_back_append_answers_as_a_store_that_never_made_it():
-    store, seqs = _filled(2)
+def test_a_rolled_back_append_answers_as_a_store_that_never_made_it(config):
+    store, seqs = _filled(2, config=config)
     ref, ref_seqs = _filled(2)
     q = _q(2, 3)
     store.query(seqs, 0, q)
@@ -219,7 +249,7 @@ def test_a_stack_over_the_pinned_budget_raises_naming_it_and_changes_nothing():
     store.close()
 
 
-def test_growth_that_does_not_fit_drops_the_stack_and_answers_row_by_row():
+def test_growth_that_does_not_fit_drops_the_stack_and_answers_row_by_row(unshared):
     def run(config: dict) -> tuple[Store, list, list[int]]:
         store, seqs = _filled(3, config=config)
         store.append_batch(seqs, 0, *_kv(3, 20, 1))  # the layers' rows move into reserves
@@ -231,11 +261,11 @@ def test_growth_that_does_not_fit_drops_the_stack_and_answers_row_by_row():
         used.append(store.memory()[PINNED][0])
         return store, seqs, used
 
-    probe, _, used = run(CFG)
+    probe, _, used = run(unshared)
     probe.close()
     budget = used[-1] - 1  # all but the stack's growth fits
     assert used[1] <= budget
-    store, seqs, _ = run({**CFG, "kvstore": {"kind": "pinned",
+    store, seqs, _ = run({**CFG, "kvstore": {"kind": "unshared_pinned",
                                              "pinned_budget_gb": budget / 2**30}})
     rows, meta = _layer_bytes(seqs)
     assert store.memory()[PINNED][0] == rows and store.memory()[GPU][0] == meta  # dropped
@@ -247,7 +277,7 @@ def test_growth_that_does_not_fit_drops_the_stack_and_answers_row_by_row():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_pinned_batch_decodes_through_growth_on_cuda_as_device_rows():
+def test_a_shared_pinned_batch_decodes_through_growth_on_cuda_as_device_rows():
     heads, dim = 2, 32
     q = torch.randn(3, 4 * heads, 1, dim, generator=torch.Generator().manual_seed(9)).cuda()
     out = {}
@@ -266,9 +296,13 @@ def test_a_pinned_batch_decodes_through_growth_on_cuda_as_device_rows():
                 k = torch.randn(3, heads, 1, dim, generator=gen)
                 store.append_batch(seqs, 0, k, -k)
                 outs.append(store.query(seqs, 0, q).out.cpu())
-            if kind == "pinned":
+            if kind == "pinned":  # one copy: the layers grew their rows of the stack
                 view = _stacked(store)
                 assert view.keys.is_pinned() and view.keys.stride(0) > view.keys[0].numel()
+                assert view.values[:, :, -1].is_pinned()
                 _assert_same(view, _fresh(seqs))
+                assert all(s.layers[0].rows.keys.data_ptr() == view.keys[b].data_ptr()
+                           for b, s in enumerate(seqs))
+                assert store.memory()[PINNED][0] == _layer_bytes(seqs)[0]
             out[kind] = torch.stack(outs)
     assert rel_err(out["pinned"], out["memory"]) < 1e-5

@@ -91,7 +91,7 @@ def test_growth_rollback_and_drop_after_sharing_match_a_store_never_batched():
     ref.close()
 
 
-def test_rows_of_other_lengths_and_pinned_rows_keep_their_own_copy():
+def test_rows_of_other_lengths_keep_their_own_copy_and_equal_pinned_rows_share():
     store, seqs = _filled([200, 120, 200])
     q = _q(3, 3)
     alone = _one_by_one(store, seqs, q)
@@ -107,12 +107,18 @@ def test_rows_of_other_lengths_and_pinned_rows_keep_their_own_copy():
     q = _q(2, 4)
     alone = _one_by_one(store, seqs, q)
     torch.testing.assert_close(store.query(seqs, 0, q).out, alone, rtol=1e-5, atol=1e-6)
-    assert [_storage(s) for s in seqs] == own
+    shared = {_storage(s) for s in seqs}
+    assert len(shared) == 1 and shared.isdisjoint(own)  # the stack's reserve
+    rows = sum(s.layers[0].rows.num_bytes for s in seqs)
+    assert store.memory()["kvstore.pinned_budget_gb"][0] == rows
+    torch.testing.assert_close(_one_by_one(store, seqs, q), alone, rtol=0, atol=0)
     store.close()
+    assert store.memory()["kvstore.pinned_budget_gb"][0] == 0
 
 
-def test_rows_that_grow_apart_after_sharing_answer_as_a_store_never_batched():
-    store, seqs = _filled([150, 150, 150])
+@pytest.mark.parametrize("kind", ["memory", "pinned"])
+def test_rows_that_grow_apart_after_sharing_answer_as_a_store_never_batched(kind: str):
+    store, seqs = _filled([150, 150, 150], {**CFG, "kvstore": {"kind": kind}})
     ref, ref_seqs = _filled([150, 150, 150])
     q = _q(3, 5)
     store.query(seqs, 0, q)  # all share one stack
@@ -127,3 +133,4 @@ def test_rows_that_grow_apart_after_sharing_answer_as_a_store_never_batched():
     assert len(shared) == 1  # equal again: shared again, the older stacks let go
     store.close()
     ref.close()
+    assert all(used == 0 for used, _, _ in store.memory().values())

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from vecstore.engine.batch_share import grown_rows, share
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import gather, holds
@@ -24,30 +25,27 @@ class BatchViews:
     """The stacked index view of the last batch queried per layer, reused while none of
     its sequences' segments change (decode steps query the same batch every layer).
 
-    A stack is a second copy of the batch's rows and index metadata. Its rows are placed
-    through the tier of the layer's device (:func:`~vecstore.kvstore.base.growable_rows`,
-    charging the tier's account: rows of the ``pinned`` tier go straight into page-locked
-    memory of the tier's own) and its metadata is charged to the device's
-    ``kvstore.gpu_budget_gb``, before anything is copied; both are returned when the stack
-    is replaced or cleared. When they do not fit, :meth:`view` raises
-    :class:`~vecstore.errors.CapacityError` and builds nothing.
+    A stack's rows are placed through the tier of the layer's device
+    (:func:`~vecstore.kvstore.base.growable_rows`, charging the tier's account: rows of the
+    ``pinned`` tier go straight into page-locked memory of the tier's own) and its metadata
+    is charged to the device's ``kvstore.gpu_budget_gb``, before anything is copied; both
+    are returned when the stack is replaced or cleared. When they do not fit, :meth:`view`
+    raises :class:`~vecstore.errors.CapacityError` and builds nothing.
 
-    When a batch's rows were all equally long and each has only gained segments since
-    (the same sequences in the same order, each layer's lineage unchanged,
-    :mod:`~vecstore.engine.layer_lineage`; all again equally long: a decode step that
-    indexed the tails), the stack grows instead of being rebuilt: the tier extends its rows
-    (:meth:`~vecstore.kvstore.base.KVStore.extend`; the ``pinned`` tier in place within its
-    reserve, charging only the rows added), only each row's new rows are copied in, and the
-    metadata is stacked anew (a small device copy). Anything else (a padded stack, a
-    rollback, another batch, a tier that does not grow rows, growth that does not fit)
-    rebuilds it.
-
-    When every row is equally long and sits in device memory, the sequences then read their
-    rows from the stack (:meth:`vecstore.engine.layer_state.LayerState.share_rows`, which
-    keeps their own charge), so the batch holds one copy of its rows and the stack's charge
-    for them is returned at once. Stacked views replaced (grown or rebuilt) or cleared are
-    handed out by :meth:`take_retired` (so an executor can free what it prepared for them;
-    a grown view's rows are the old view's, extended).
+    When every row is equally long, the sequences then share the stack's rows
+    (:func:`~vecstore.engine.batch_share.share`): each layer reads its batch row of the
+    stack and frees its own copy, so the batch holds one copy of its KV. While each row
+    only gains segments (the same sequences in the same order, each layer's lineage
+    unchanged, :mod:`~vecstore.engine.layer_lineage`; all again equally long: a decode step
+    that indexed the tails), the stack grows instead of being rebuilt: shared rows that
+    their layers grew in place (the ``pinned`` tier's reserve had room) are viewed anew,
+    copying nothing; rows of the stack's own the tier extends
+    (:meth:`~vecstore.kvstore.base.KVStore.extend`) and only the new rows are copied in.
+    The metadata is stacked anew (a small device copy). Anything else (a padded stack, a
+    rollback, another batch, a row moved out of the stack, growth that does not fit)
+    rebuilds it. Stacked views replaced (grown or rebuilt) or cleared are handed out by
+    :meth:`take_retired` (so an executor can free what it prepared for them; a grown view's
+    rows are the old view's, extended).
 
     Parameters
     ----------
@@ -121,37 +119,45 @@ class BatchViews:
     def _grow(self, layer: int, old: _Stacked, states: list[LayerState],
               key: tuple[tuple[int, int], ...]) -> bool:
         """Grow ``old``, the stack of ``layer``, to the rows of ``states`` (:meth:`_grows`):
-        the tier extends its rows, only the rows added are copied, the metadata is stacked
-        anew and its charge adjusted. Returns whether it did; where the tier does not grow
-        rows or the growth does not fit, nothing changed (the caller rebuilds)."""
+        over shared rows their layers grew in place, else the tier extends the stack's rows
+        and only the rows added are copied; the metadata is stacked anew and its charge
+        adjusted. Returns whether it did; where it cannot, nothing changed (the caller
+        rebuilds)."""
         tier, views = old.tier, [st.view() for st in states]
-        assert old.view is not None and old.rows is not None and old.meta is not None
-        assert tier is not None
+        assert old.view is not None and old.meta is not None and tier is not None
         n_old, n = old.view.keys.shape[2], states[0].num_indexed
         account, old_meta = old.meta
         meta = _meta_bytes(views)  # >= old_meta: every row kept its units
         what = f"a stacked view of {len(views)} sequences"
         rows = None
-        with contextlib.suppress(CapacityError):
+        if old.rows is None:  # shared: viewed anew where their layers grew them in place
+            grown = grown_rows(old.view, states, n)
+            if grown is None or not account.can_charge(meta - old_meta):
+                return False
             account.charge(meta - old_meta, f"{what} (index metadata)")
-            try:
-                rows = old.rows if n == n_old else tier.extend(
-                    old.rows, n, f"{what} (rows, grown to {n} a head)")
-            finally:
-                if rows is None:  # not grown: the charge goes back
-                    account.release(meta - old_meta)
-        if rows is None:
-            return False
+        else:
+            with contextlib.suppress(CapacityError):
+                account.charge(meta - old_meta, f"{what} (index metadata)")
+                try:
+                    rows = old.rows if n == n_old else tier.extend(
+                        old.rows, n, f"{what} (rows, grown to {n} a head)")
+                finally:
+                    if rows is None:  # not grown: the charge goes back
+                        account.release(meta - old_meta)
+            if rows is None:
+                return False
+            grown = (rows.keys, rows.values)
         # old.rows are these rows now (grown in place, or moved by the tier), never to be
         # freed: until the copies are done, the layer's entry holds them and the new charge
         self._cache[layer] = replace(old, rows=rows, meta=(account, meta), grows_from=None)
-        for b, v in enumerate(views):
-            assert v is not None and v.keys.shape[2] == n
-            rows.keys[b, :, n_old:].copy_(v.keys[0, :, n_old:])
-            rows.values[b, :, n_old:].copy_(v.values[0, :, n_old:])
+        if rows is not None:
+            for b, v in enumerate(views):
+                assert v is not None and v.keys.shape[2] == n
+                rows.keys[b, :, n_old:].copy_(v.keys[0, :, n_old:])
+                rows.values[b, :, n_old:].copy_(v.values[0, :, n_old:])
         self._retired.append(old.view)
-        self._cache[layer] = _Stacked(key, IndexView.stack(views, (rows.keys, rows.values)),
-                                      rows, tier, (account, meta), _lineages(states))
+        self._cache[layer] = _Stacked(key, IndexView.stack(views, grown), rows, tier,
+                                      (account, meta), _lineages(states))
         return True
 
     def _build(self, key: tuple[tuple[int, int], ...], states: list[LayerState],
@@ -181,14 +187,10 @@ class BatchViews:
         batch = IndexView.stack(views, (rows.keys, rows.values))
         if any(v.keys.shape[2] != n for v in views):
             return _Stacked(key, batch, rows, tier, (account, meta))
-        # rows all of one length are unpadded in the stack: each sequence reads its rows
-        # from there and its own copy is freed (one copy of the batch's KV, not two). Only
-        # when all are: a row left on an older stack would keep all of it alive
-        shared = [st.share_rows(batch.keys[b], batch.values[b]) for b, st in enumerate(states)]
-        if all(shared):  # the sequences' own charges cover these rows now
-            tier.free(rows)
-            return _Stacked(key, batch, None, tier, (account, meta))
-        return _Stacked(key, batch, rows, tier, (account, meta), _lineages(states))
+        # rows all of one length are unpadded in the stack: the sequences share them
+        shared = share(tier, rows, states)
+        return _Stacked(key, batch, None if shared else rows, tier, (account, meta),
+                        _lineages(states))
 
     def _drop(self, layer: int) -> None:
         old = self._cache.pop(layer, None)
@@ -206,9 +208,9 @@ class BatchViews:
 @dataclass(frozen=True, slots=True)
 class _Stacked:
     """A layer's cached stack: the batch it was built for, the view, the rows it holds in
-    ``tier`` (``None``: none of its own, unplaced or read by the sequences), its metadata's
-    charge, and what it holds of each row where it may grow (``(lineage, segments)`` per
-    row of an unpadded stack holding its rows; ``None`` otherwise)."""
+    ``tier`` (``None``: none of its own, unplaced or shared with the sequences), its
+    metadata's charge, and what it holds of each row where it may grow (``(lineage,
+    segments)`` per row of an unpadded stack; ``None`` otherwise)."""
 
     key: tuple[tuple[int, int], ...]
     view: IndexView | None

@@ -36,9 +36,20 @@ class LayerImage:
         return (len(self.segments) <= len(segments)
                 and all(a is b for a, b in zip(self.segments, segments, strict=False)))
 
-    def over_rows(self, keys: torch.Tensor, values: torch.Tensor) -> LayerImage:
-        """The same image reading its rows from ``keys, values`` (``[Hkv, N, D]``, holding
-        exactly these rows): segments and view rebuilt over them with the same metadata."""
+    def fits(self, keys: torch.Tensor) -> bool:
+        """Whether rows laid out as ``keys`` could replace the image's (:meth:`over_rows`):
+        of a tier that shares rows, as many, of the same dtype and device, each head's rows
+        contiguous."""
+        own = self.rows.keys
+        return (type(self.tier).shareable_rows and keys.shape == own.shape
+                and keys.dtype == own.dtype and keys.device == own.device
+                and keys.stride()[-2:] == (keys.shape[-1], 1))
+
+    def over_rows(self, rows: StoredRows) -> LayerImage:
+        """The same image reading its rows from ``rows`` (``[Hkv, N, D]`` holding exactly
+        these rows, charged for them): segments and view rebuilt over them with the same
+        metadata. The image's own rows are not freed."""
+        keys, values = rows.keys, rows.values
         segments, base = [], 0
         for seg in self.segments:
             n = seg.num_tokens
@@ -48,8 +59,7 @@ class LayerImage:
         old = self.view
         view = IndexView(keys=keys[None], values=values[None], offsets=old.offsets,
                          sizes=old.sizes, meta=old.meta, num_units=old.num_units)
-        return LayerImage(segments, StoredRows(keys, values, self.rows.num_bytes), self.tier,
-                          self.account, self.meta_bytes, view)
+        return LayerImage(segments, rows, self.tier, self.account, self.meta_bytes, view)
 
     def free(self, *, keep_rows: bool = False) -> None:
         """Return the rows (unless ``keep_rows``) and the metadata to their budgets."""

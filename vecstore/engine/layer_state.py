@@ -213,33 +213,28 @@ class LayerState(TailHolder):
             self._view = IndexView.from_segments(segments)
         return self._view
 
-    def share_rows(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
-        """Read the placed rows from ``keys, values`` from now on and let the layer's own
-        copy go; returns whether it did.
+    def can_share(self, keys: torch.Tensor) -> bool:
+        """Whether :meth:`share_rows` may give the layer rows laid out as ``keys``."""
+        image = self._image
+        return image is not None and image.holds(self.segments) and image.fits(keys)
 
-        ``keys, values`` are ``[Hkv, N, D]`` contiguous tensors holding exactly the layer's
-        rows (a batch row of a stacked view, :class:`vecstore.engine.batch.BatchViews`), so a
-        batch decodes from one copy of its KV instead of two. The segments and the view
-        are rebuilt over them with the same metadata, the budget charge moves over, and
-        ``version`` stays (the contents did not change). Only rows of a tier that allows it
-        (:attr:`~vecstore.kvstore.base.KVStore.shareable_rows`) are shared; anything else
-        is left as it is.
+    def share_rows(self, rows: StoredRows) -> None:
+        """Read the placed rows from ``rows`` from now on and free the layer's own
+        (:meth:`can_share` said it may).
+
+        ``rows`` hold exactly the layer's rows, charged for them (a batch row of a stacked
+        view split by the tier, :class:`vecstore.engine.batch.BatchViews`), so a batch
+        decodes from one copy of its KV instead of two. The segments and the view are
+        rebuilt over them with the same metadata, and ``version`` and ``lineage`` stay (the
+        contents did not change); where the tier grows rows in place, the layer then grows
+        its batch row of the stack.
         """
         image = self._image
-        if (image is None or not type(image.tier).shareable_rows
-                or not image.holds(self.segments)):
-            return False
-        own = image.rows
-        if (keys.shape != own.keys.shape or values.shape != own.values.shape
-                or keys.dtype != own.keys.dtype or keys.device != own.keys.device
-                or not (keys.is_contiguous() and values.is_contiguous())):
-            return False
-        if keys.data_ptr() == own.keys.data_ptr():
-            return True
-        self._image = image.over_rows(keys, values)
+        assert image is not None
+        self._image = image.over_rows(rows)
         self.segments, self._view = self._image.segments, self._image.view
         self._retired.append(image.view)
-        return True
+        image.tier.free(image.rows)
 
     def release(self, *, forget: bool = True) -> None:
         """Return the placed rows and metadata to their budgets (the sequence was dropped,

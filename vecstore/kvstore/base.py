@@ -104,10 +104,12 @@ class KVStore(Protocol):
     """Whether rows live on the layer's device (else in the tier's own memory)."""
 
     shareable_rows: ClassVar[bool]
-    """Whether a layer may swap its rows for views of a batch's stacked copy of them (one
-    copy of a batch's KV, not two; the charge moves over and :meth:`free` is then given
-    those views). Only where ``free`` just returns the charge and rows are not grown in
-    place (a swapped row would be moved back at its next segment)."""
+    """Whether a layer may swap its rows for its batch row of a stacked copy of them (one
+    copy of a batch's KV, not two): the stack's rows are :meth:`split`, each layer takes
+    its part (and its charge) and frees its own rows. Only where ``free`` of a part leaves
+    the memory other parts read, and :meth:`extend` of a part keeps it where it is or
+    moves it out whole (a tier growing rows in place grows a part within its heads of the
+    stack's reserve, so the stack reads the rows the layer grew)."""
 
     device: torch.device
     """Where the tier's rows live."""
@@ -153,8 +155,15 @@ class KVStore(Protocol):
         """
         ...
 
+    def split(self, rows: StoredRows) -> list[StoredRows]:
+        """``[B, ...]`` rows as the ``B`` rows ``rows[b]`` (views, no copy), the charge
+        divided evenly between them; each is freed and extended on its own after. The
+        result replaces ``rows``, which must not be used or freed after."""
+        ...
+
     def free(self, rows: StoredRows) -> None:
-        """Release rows placed by :meth:`store`, :meth:`allocate` or :meth:`extend`."""
+        """Release rows placed by :meth:`store`, :meth:`allocate`, :meth:`extend` or
+        :meth:`split`."""
         ...
 
 

@@ -65,5 +65,10 @@ class GPUKVStore:
         # re-placing on the device copies at its bandwidth; a reserve would hold memory
         return None
 
+    def split(self, rows: StoredRows) -> list[StoredRows]:
+        B = rows.keys.shape[0]
+        return [StoredRows(rows.keys[b], rows.values[b], rows.num_bytes // B)
+                for b in range(B)]
+
     def free(self, rows: StoredRows) -> None:
         self._account.release(rows.num_bytes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,26 +28,34 @@ __all__ = ["PinnedKVStore"]
 _RESERVE = 4
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Reserve:
-    """Rows grown in place: ``[heads, cap, D]`` keys and values, of which the first
-    ``pinned`` bytes of every head are registered."""
+    """Rows grown in place: heads ``[head0, head0 + heads)`` of a mapping of ``[*, cap, D]``
+    keys and values. ``pinned`` records, per mapping and head, how many bytes from the
+    head's start are registered: shared by every reserve of the mapping (a stack and the
+    batch rows :meth:`PinnedKVStore.split` made of it), so no range is registered twice."""
 
     pages: tuple[HostPages, HostPages]
     heads: int
     cap: int
     row_bytes: int
-    pinned: int = 0
+    pinned: tuple[list[int], list[int]]
+    head0: int = 0
 
     def pin_rows(self, num_rows: int) -> None:
         """Register every head's rows up to ``num_rows`` (whole pages)."""
         head_bytes = self.cap * self.row_bytes
         target = min(page_multiple(num_rows * self.row_bytes), head_bytes)
-        if target > self.pinned:
-            for pages in self.pages:
-                for h in range(self.heads):
-                    pages.pin(h * head_bytes + self.pinned, target - self.pinned)
-            self.pinned = target
+        for pages, done in zip(self.pages, self.pinned, strict=True):
+            for h in range(self.head0, self.head0 + self.heads):
+                if target > done[h]:
+                    pages.pin(h * head_bytes + done[h], target - done[h])
+                    done[h] = target
+
+    def part(self, b: int, parts: int) -> _Reserve:
+        """The reserve of batch row ``b`` of ``parts`` (its ``heads // parts`` heads)."""
+        heads = self.heads // parts
+        return replace(self, heads=heads, head0=self.head0 + b * heads)
 
 
 @KVSTORES.register("pinned")
@@ -72,13 +80,15 @@ class PinnedKVStore:
     """
 
     resident = False
-    shareable_rows = False  # rows grow in place within their reserve (extend)
+    shareable_rows = True  # split rows grow in place within their part of the reserve
 
     def __init__(self, *, budget_gb: float = 0.0) -> None:
         self._account = MemoryAccount(int(budget_gb * 2**30), "kvstore.pinned_budget_gb")
         self.is_pinned = torch.cuda.is_available()
         self.device = torch.device("cpu")
-        self._reserves: dict[int, _Reserve] = {}  # rows grown in place, by their keys' address
+        # rows grown in place, by their keys' address and heads (a stack's batch row 0
+        # starts where the stack does)
+        self._reserves: dict[tuple[int, int], _Reserve] = {}
 
     @property
     def account(self) -> MemoryAccount:
@@ -119,14 +129,13 @@ class PinnedKVStore:
             raise InvalidValueError(f"num_rows: expected >= the {n_old} rows held, got "
                                     f"{num_rows}")
         dtype, heads = rows.keys.dtype, math.prod(lead)
-        res = self._reserves.get(rows.keys.data_ptr())
+        res = self._reserves.get((rows.keys.data_ptr(), heads))
         if res is not None and res.pages[0].alive and num_rows <= res.cap:
             delta = shape_bytes((*lead, num_rows - n_old, dim), dtype)
             self._account.charge(delta, what)
             try:
-                res.pin_rows(num_rows)
+                res.pin_rows(num_rows)  # what was registered stays recorded
             except BaseException:
-                self._reserves.pop(rows.keys.data_ptr())  # grows anew next time
                 self._account.release(delta)
                 raise
             grown = [x.as_strided((*lead, num_rows, dim), x.stride())
@@ -140,7 +149,8 @@ class PinnedKVStore:
             cap = -(-_RESERVE * max(num_rows, 1) // step) * step
             mapped = [HostPages.map(heads * cap * row_bytes, register=self.is_pinned)
                       for _ in range(2)]
-            res = _Reserve((mapped[0][0], mapped[1][0]), heads, cap, row_bytes)
+            res = _Reserve((mapped[0][0], mapped[1][0]), heads, cap, row_bytes,
+                           ([0] * heads, [0] * heads))
             res.pin_rows(num_rows)
             grown = [memory.view(dtype).view(*lead, cap, dim)[..., :num_rows, :]
                      for _, memory in mapped]
@@ -150,11 +160,25 @@ class PinnedKVStore:
             self._account.release(num_bytes)
             raise
         self.free(rows)
-        self._reserves[grown[0].data_ptr()] = res
+        self._reserves[(grown[0].data_ptr(), heads)] = res
         return StoredRows(grown[0], grown[1], num_bytes)
+
+    def split(self, rows: StoredRows) -> list[StoredRows]:
+        """``[B, ...]`` rows as ``B`` rows ``rows[b]``, each charged its part and, where
+        ``rows`` grow in place, growing in place within its heads of their reserve.
+        ``rows`` are consumed."""
+        B, heads = rows.keys.shape[0], math.prod(rows.keys.shape[:-2])
+        res = self._reserves.pop((rows.keys.data_ptr(), heads), None)
+        parts = [StoredRows(rows.keys[b], rows.values[b], rows.num_bytes // B)
+                 for b in range(B)]
+        if res is not None and res.pages[0].alive:
+            for b, part in enumerate(parts):
+                self._reserves[(part.keys.data_ptr(), heads // B)] = res.part(b, B)
+        return parts
 
     def free(self, rows: StoredRows) -> None:
         # the pages stay pinned while anything (a copy in flight, a captured graph's
-        # arguments) still views them; they are unpinned and unmapped when nothing does
-        self._reserves.pop(rows.keys.data_ptr(), None)
+        # arguments, another batch row of a split stack) still views them; they are
+        # unpinned and unmapped when nothing does
+        self._reserves.pop((rows.keys.data_ptr(), math.prod(rows.keys.shape[:-2])), None)
         self._account.release(rows.num_bytes)

@@ -90,3 +90,49 @@ def test_growable_pinned_rows_grow_in_place_from_the_first_growth():
     assert rows.keys.data_ptr() != ptr and float(rows.keys[:, :, :100].sum()) == 6400
     tier.free(rows)
     assert tier.account.used_bytes == 0
+
+
+def test_split_pinned_rows_grow_in_place_in_their_heads_registering_each_range_once(
+        monkeypatch):
+    asked: list[tuple[HostPages, int, int]] = []
+    pin = HostPages.pin
+
+    def record(pages: HostPages, offset: int, num_bytes: int) -> None:
+        asked.append((pages, offset, num_bytes))
+        pin(pages, offset, num_bytes)
+
+    monkeypatch.setattr(HostPages, "pin", record)
+    tier = PinnedKVStore()
+    stack = growable_rows(tier, (3, 2, 100, 8), torch.float32)  # reserve: 4 x 100 rows
+    stack.keys.fill_(1.0)
+    ptr, stride = stack.keys.data_ptr(), stack.keys.stride()
+    parts = tier.split(stack)
+    for n in (101, 250, 400):  # each batch row grows within its heads of the reserve
+        for b in range(3):
+            parts[b] = tier.extend(parts[b], n)
+            assert parts[b].keys.data_ptr() == ptr + b * stride[0] * 4
+            assert parts[b].keys.stride() == stride[1:]
+            parts[b].keys[:, -1] = float(b)
+        assert tier.account.used_bytes == 3 * 2 * 2 * n * 8 * 4
+    grown = stack.keys.as_strided((3, 2, 400, 8), stride)  # the stack sees every row
+    assert all(float(grown[b, :, -1].sum()) == 2 * 8 * b for b in range(3))
+    assert float(grown[:, :, :100].sum()) == 3 * 2 * 100 * 8
+    for pages in {id(p): p for p, _, _ in asked}.values():  # whole pages, none twice
+        ranges = sorted((o, o + n) for p, o, n in asked if p is pages)
+        assert all(o % mmap.PAGESIZE == 0 == n % mmap.PAGESIZE for o, n in ranges)
+        assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    # the rows of every head are registered: its ranges (none overlapping) cover them
+    head_bytes = stride[1] * 4
+    for b in range(3):
+        for h in range(2):
+            start = (b * 2 + h) * head_bytes
+            mine = [(o, n) for p, o, n in asked
+                    if p.base == ptr and start <= o < start + head_bytes]
+            assert min(o for o, _ in mine) == start and sum(n for _, n in mine) >= 400 * 32
+            assert all(o + n <= start + head_bytes for o, n in mine)
+    parts[2] = tier.extend(parts[2], 5000)  # past it: moved out, the rows kept
+    assert parts[2].keys.data_ptr() != ptr + 2 * stride[0] * 4
+    assert float(parts[2].keys[:, :100].sum()) == 2 * 100 * 8
+    for part in parts:
+        tier.free(part)
+    assert tier.account.used_bytes == 0

@@ -1,0 +1,118 @@
+"""A pinned batch whose rows are all equally long holds one copy of its KV: each sequence's
+layer reads, and grows in place within the stack's reserve, its batch row of the stack, so
+the stack grows with nothing copied and no page range registered twice; a row that
+outgrows the reserve moves out and the stack is rebuilt; rollbacks, drops and closing keep
+the answers those of a store never batched and the charges exact."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+import torch
+
+from tests.reference import rel_err
+from tests.vecstore.test_batch_growth import (
+    GPU,
+    MEMORY,
+    PINNED,
+    _assert_same,
+    _filled,
+    _fresh,
+    _kv,
+    _layer_bytes,
+    _one_by_one,
+    _q,
+    _stacked,
+)
+from vecstore import Store
+from vecstore.kvstore.host_pages import HostPages
+
+
+def _decode(store: Store, seqs: list, ref: Store, ref_seqs: list, steps: range,
+            tokens: int = 1) -> None:
+    """Append ``tokens`` to every row and query the batch, ``len(steps)`` times, checking
+    the answers against ``ref`` (never batched) and that one copy of the rows is held."""
+    B = len(seqs)
+    for step in steps:
+        k, v = _kv(B, tokens, 100 + step)
+        store.append_batch(seqs, 0, k, v)
+        ref.append_batch(ref_seqs, 0, k, v)
+        q = _q(B, step)
+        assert rel_err(store.query(seqs, 0, q).out, _one_by_one(ref, ref_seqs, q)) < 1e-5
+        _assert_same(_stacked(store), _fresh(seqs))
+        assert store.memory()[PINNED][0] == _layer_bytes(seqs)[0]
+
+
+def test_growth_of_a_shared_stack_maps_nothing_and_registers_no_range_twice(monkeypatch):
+    asked: list[tuple[HostPages, int, int]] = []
+    maps: list[int] = []
+    pin, map_ = HostPages.pin, HostPages.map
+
+    def record_pin(pages: HostPages, offset: int, num_bytes: int) -> None:
+        asked.append((pages, offset, num_bytes))
+        pin(pages, offset, num_bytes)
+
+    def record_map(num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
+        maps.append(num_bytes)
+        return map_(num_bytes, register=register)
+
+    monkeypatch.setattr(HostPages, "pin", record_pin)
+    monkeypatch.setattr(HostPages, "map", staticmethod(record_map))
+    store, seqs = _filled(3)
+    ref, ref_seqs = _filled(3, config=MEMORY)
+    store.query(seqs, 0, _q(3, 0))
+    stack = _stacked(store)
+    built = len(maps)
+    _decode(store, seqs, ref, ref_seqs, range(40))  # two segments indexed
+    view = _stacked(store)
+    assert view.keys.shape[2] > stack.keys.shape[2] and view.keys.data_ptr() == \
+        stack.keys.data_ptr()
+    assert len(maps) == built  # no row moved, no stack built: nothing copied
+    for pages in {id(p): p for p, _, _ in asked}.values():  # whole pages, none twice
+        ranges = sorted((o, o + n) for p, o, n in asked if p is pages)
+        assert all(o % mmap.PAGESIZE == 0 == n % mmap.PAGESIZE for o, n in ranges)
+        assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    store.close()
+    ref.close()
+    assert store.memory()[PINNED][0] == 0
+
+
+def test_shared_rows_that_outgrow_the_reserve_move_out_and_the_stack_is_rebuilt(
+        monkeypatch):
+    monkeypatch.setattr("vecstore.kvstore.pinned._RESERVE", 1)  # room for a page more
+    store, seqs = _filled(3)
+    ref, ref_seqs = _filled(3, config=MEMORY)
+    store.query(seqs, 0, _q(3, 0))
+    ptrs = {_stacked(store).keys.data_ptr()}
+    for i in range(6):  # every append indexes two segments; a page holds 128 rows
+        _decode(store, seqs, ref, ref_seqs, range(10 * i, 10 * i + 1), tokens=40)
+        ptrs.add(_stacked(store).keys.data_ptr())
+        view = _stacked(store)
+        assert all(s.layers[0].rows.keys.data_ptr() == view.keys[b].data_ptr()
+                   for b, s in enumerate(seqs))  # shared again after every rebuild
+    assert len(ptrs) > 2  # moved out and rebuilt more than once
+    store.close()
+    ref.close()
+    assert store.placement.usage()[PINNED][0] == store.placement.usage()[GPU][0] == 0
+
+
+def test_rollback_drop_and_close_of_a_shared_batch_keep_answers_and_charges_exact():
+    store, seqs = _filled(3)
+    ref, ref_seqs = _filled(3, config=MEMORY)
+    _decode(store, seqs, ref, ref_seqs, range(20))  # shared, grown once
+    with pytest.raises(RuntimeError, match="undo"), store.transaction():
+        store.append_batch(seqs, 0, *_kv(3, 40, 1))
+        store.query(seqs, 0, _q(3, 1))  # the rows grow in place in the stack
+        raise RuntimeError("undo")
+    assert store.memory()[PINNED][0] == _layer_bytes(seqs)[0]
+    _decode(store, seqs, ref, ref_seqs, range(20, 40))
+    store.drop("s0")
+    ref.drop("s0")
+    assert store.memory()[PINNED][0] == _layer_bytes(seqs[1:])[0]
+    _decode(store, seqs[1:], ref, ref_seqs[1:], range(40, 60))
+    q = _q(2, 9)
+    assert rel_err(_one_by_one(store, seqs[1:], q), _one_by_one(ref, ref_seqs[1:], q)) < 1e-5
+    store.close()
+    ref.close()
+    assert store.placement.usage()[PINNED][0] == store.placement.usage()[GPU][0] == 0
