@@ -2,8 +2,11 @@
 whatever a new store needs. A failed open leaves the directory as it was.
 
 Checks read the catalog *immutably* (its main file alone, creating no ``-wal``/``-shm``)
-while no writer can be checkpointing into it: a writer checks once the lock is known to
-be free, a reader when no ``-wal`` file exists.
+only when no ``-wal`` file exists, and a writer only once the lock is known to be free. With
+a ``-wal`` the main file alone may be mid-checkpoint: a writer killed while folding the
+``-wal`` in leaves pages of both versions there, which only the ``-wal`` makes whole again
+(read alone it was "malformed" in a crash test). The checks then run on the catalog opened
+through SQLite, and a failed open still removes what it created.
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ def _open_writer(layout: StoreLayout, given: StoreConfig | None,
     layout.check_can_create()
     if layout.is_store():
         WriteLock.check_free(layout.lock)
-        _inspect(layout, given, check_config)
+        if not layout.wal.exists():
+            _inspect(layout, given, check_config)
     created: list[Path] = []
     lock, catalog = None, None
     try:

@@ -121,3 +121,24 @@ def test_verify_beside_a_writer_that_drops_and_appends(tmp_path):
         report = reader.verify()
         assert report.ok and report.unreferenced == [] and report.lost == []
         assert report.segments > 0  # it checked the snapshot's segments of "a" too
+
+
+
+def test_a_writer_never_reads_the_main_file_alone_while_a_wal_exists(tmp_path, monkeypatch):
+    # a writer killed while checkpointing leaves pages of two versions in the main file,
+    # which only the -wal makes whole: read alone it was "malformed" (the crash test saw it
+    # once in CI), so a writer's checks must go through SQLite whenever a -wal exists
+    from vecstore.catalog.catalog import Catalog
+
+    dst, _ = _crashed_copy(tmp_path, "kept")
+    opened = []
+    real = Catalog.open.__func__
+
+    def recording(cls, path, *, read_only, immutable=False):
+        opened.append(immutable)
+        return real(cls, path, read_only=read_only, immutable=immutable)
+
+    monkeypatch.setattr(Catalog, "open", classmethod(recording))
+    with Store.open(dst) as store:
+        assert store.sequences() == ["a", "b"]
+    assert opened and not any(opened)
