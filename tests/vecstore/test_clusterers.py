@@ -41,3 +41,12 @@ def test_cupy_and_torch_agree_on_cuda():
     a = CLUSTERERS.get("torch")().assign(x, counts, init, iters=6)
     b = CLUSTERERS.get("cupy")().assign(x, counts, init, iters=6)
     assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_torch_assignment_breaks_ties_towards_the_lower_centroid_on_the_cpu():
+    from vecstore.cluster.torch_kmeans import _nearest_by_bmm
+
+    c = torch.nn.functional.normalize(torch.randn(1, 6, 8, generator=torch.Generator()
+                                                  .manual_seed(0)), dim=-1)
+    c[0, 4] = c[0, 1]  # a duplicate centroid: its points go to the lower id
+    assert _nearest_by_bmm(c[:, [1, 4, 5]] * 3.0, c).tolist() == [[1, 1, 5]]
