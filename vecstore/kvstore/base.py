@@ -18,7 +18,7 @@ from vecstore.kvstore.row_transfer import copy_across
 from vecstore.registry import Registry
 
 __all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "copy_rows",
-           "growable_rows", "shape_bytes"]
+           "growable_rows", "batch_rows", "shape_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +235,13 @@ def growable_rows(tier: KVStore, shape: tuple[int, ...], dtype: torch.dtype,
         tier.free(empty)
         rows = tier.allocate(shape, dtype, what)
     return rows
+
+
+def batch_rows(rows: StoredRows) -> list[StoredRows]:
+    """``[B, ...]`` rows as the ``B`` views ``rows[b]``, the charge divided evenly: the
+    common part of :meth:`KVStore.split`."""
+    B = rows.keys.shape[0]
+    return [StoredRows(rows.keys[b], rows.values[b], rows.num_bytes // B) for b in range(B)]
 
 
 def shape_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows, shape_bytes
+from vecstore.kvstore.base import (
+    KVSTORES,
+    MemoryAccount,
+    StoredRows,
+    batch_rows,
+    copy_rows,
+    shape_bytes,
+)
 
 __all__ = ["GPUKVStore"]
 
@@ -66,9 +73,7 @@ class GPUKVStore:
         return None
 
     def split(self, rows: StoredRows) -> list[StoredRows]:
-        B = rows.keys.shape[0]
-        return [StoredRows(rows.keys[b], rows.values[b], rows.num_bytes // B)
-                for b in range(B)]
+        return batch_rows(rows)
 
     def free(self, rows: StoredRows) -> None:
         self._account.release(rows.num_bytes)

@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from vecstore.errors import InvalidValueError
-from vecstore.kvstore.base import KVSTORES, MemoryAccount, StoredRows, copy_rows, shape_bytes
+from vecstore.kvstore.base import (
+    KVSTORES,
+    MemoryAccount,
+    StoredRows,
+    batch_rows,
+    copy_rows,
+    shape_bytes,
+)
 from vecstore.kvstore.host_pages import HostPages, page_multiple
 
 __all__ = ["PinnedKVStore"]
@@ -169,8 +176,7 @@ class PinnedKVStore:
         ``rows`` are consumed."""
         B, heads = rows.keys.shape[0], math.prod(rows.keys.shape[:-2])
         res = self._reserves.pop((rows.keys.data_ptr(), heads), None)
-        parts = [StoredRows(rows.keys[b], rows.values[b], rows.num_bytes // B)
-                 for b in range(B)]
+        parts = batch_rows(rows)
         if res is not None and res.pages[0].alive:
             for b, part in enumerate(parts):
                 self._reserves[(part.keys.data_ptr(), heads // B)] = res.part(b, B)
