@@ -7,16 +7,10 @@ cost address space only, so a mapping may be reserved larger than its rows and g
 as long as some tensor views the mapping, and are undone before it is unmapped: a range
 unmapped while registered could be mapped again at the same addresses, which CUDA then
 refuses to register (``cudaErrorHostMemoryAlreadyRegistered``).
-
-Mappings ask for transparent huge pages, and a range is faulted in (``MADV_POPULATE_WRITE``)
-before it is registered: ``cudaHostRegister`` faulting the pages itself registered 4 GiB at
-1.7 GiB/s on the H200's host, where faulting 2 MiB pages first and then registering took
-~0.25 s (16 GiB/s; ``docs/gpu.md``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import weakref
 
@@ -24,10 +18,7 @@ import torch
 
 from vecstore.errors import CapacityError
 
-__all__ = ["HostPages", "page_multiple", "populate"]
-
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels refuse it (EINVAL)
-_LIBC = ctypes.CDLL(None, use_errno=True)
+__all__ = ["HostPages", "page_multiple"]
 
 
 def page_multiple(num_bytes: int) -> int:
@@ -61,8 +52,6 @@ class HostPages:
         """A new mapping of ``num_bytes`` and the ``uint8`` tensor over it (``register``:
         whether :meth:`pin` registers with CUDA; ``False`` where CUDA is absent)."""
         mapping = mmap.mmap(-1, num_bytes)
-        if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux: 2 MiB pages where the kernel allows
-            mapping.madvise(mmap.MADV_HUGEPAGE)
         exported = memoryview(mapping)
         memory = torch.frombuffer(exported, dtype=torch.uint8)
         pinned: list[int] = []
@@ -92,27 +81,12 @@ class HostPages:
         if not (self.register and num_bytes):
             return
         ptr = self.base + offset
-        populate(ptr, num_bytes)
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, num_bytes, 0))
         if err != 0:
             _clear_pending_error()
             raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {num_bytes} bytes "
                                 f"({torch.cuda.CudaError(err)})")
         self._pinned.append(ptr)
-
-
-def populate(ptr: int, num_bytes: int) -> bool:
-    """Fault in ``[ptr, ptr + num_bytes)`` (page-aligned) of an anonymous mapping as writes
-    would; whether the kernel did (where it cannot, registering faults the pages in itself).
-
-    Examples
-    --------
-    >>> pages, memory = HostPages.map(2 * mmap.PAGESIZE, register=False)
-    >>> populate(memory.data_ptr(), memory.numel())  # Linux >= 5.14
-    True
-    """
-    return _LIBC.madvise(ctypes.c_void_p(ptr), ctypes.c_size_t(num_bytes),
-                         _MADV_POPULATE_WRITE) == 0
 
 
 def _unpin(pinned: list[int], mapping: mmap.mmap) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import mmap
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch
 from vecstore.errors import CapacityError
 from vecstore.kvstore import GPUKVStore, PinnedKVStore
 from vecstore.kvstore.base import growable_rows
-from vecstore.kvstore.host_pages import HostPages, populate
+from vecstore.kvstore.host_pages import HostPages
 
 
 @pytest.mark.gpu
@@ -75,30 +74,6 @@ def test_pinned_tier_pages_are_aligned_and_its_own():
     x = bufs[0].view(torch.bfloat16).view(3, 4)
     x.fill_(1.5)
     assert x.sum().item() == 18.0
-
-
-def _resident_kib(ptr: int) -> int:
-    # Rss of the mapping (as the kernel merged it) that holds ``ptr``
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= ptr < hi
-            elif inside and head == "Rss:":
-                return int(line.split()[1])
-    raise AssertionError("no mapping holds the address")
-
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's smaps")
-def test_populate_faults_a_range_in_before_it_is_registered():
-    n = 8 << 20
-    pages, memory = HostPages.map(2 * n, register=False)
-    before = _resident_kib(memory.data_ptr())
-    assert populate(memory.data_ptr() + n, n)
-    assert _resident_kib(memory.data_ptr()) - before >= n // 1024
-    assert int(memory[n:].count_nonzero()) == 0  # fresh pages read as zeros
 
 
 def test_growable_pinned_rows_grow_in_place_from_the_first_growth():
