@@ -5,9 +5,10 @@ tails index a segment (every ``attention.update_tokens`` = 1,024 tokens) runs th
 forward eagerly, the tails' segment is clustered and placed, the executor prepares the grown
 views, and the next step captures the graph again. This times each step on its own (a
 synchronised start and end) after a prompt of ``--context`` random tokens, reports the
-median step and the slowest ones (the flushes, the first steps), and writes a ``cProfile``
-of the host's time over all steps after the first ``WARMUP`` (Triton compilations at a
-flush show up there: a kernel argument crossing a multiple of 16 compiles the kernel again).
+median step and the slowest ones (the flushes, the first steps), the Triton kernels each step
+compiled (a new specialization in this process: a kernel argument crossing a multiple of 16,
+a block size doubling) and how long each took, and writes a ``cProfile`` of the host's time
+over all steps after the first ``WARMUP``.
 
     python benchmarks/flush_steps.py [--layers 4] [--batch 8] [--context 16384]
         [--steps 2200] [--caches wave wave-pinned] [--shape llama-3-8b] [--device cuda]
@@ -26,6 +27,7 @@ import io
 import pstats
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,6 +40,47 @@ from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # 
 
 WARMUP = 5  # steps left out of the profile (the first compiles and captures)
 SLOWEST = 8
+
+
+class CompileLog:
+    """The Triton kernels compiled while :meth:`at` a step: ``(step, kernel, seconds)``
+    (through ``triton.knobs.runtime``'s JIT hooks; nothing where Triton is absent)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, str, float]] = []
+        self._step = -1
+        self._started: dict[object, float] = {}
+
+    def _enter(self, *, key, fn, **_) -> bool:
+        self._started[(fn.name, str(key))] = time.perf_counter()
+        return False  # compile: a true value would skip it
+
+    def _done(self, *, key, fn, **_) -> None:
+        t0 = self._started.pop((fn.name, str(key)), None)
+        if t0 is not None:
+            self.entries.append((self._step, fn.name, time.perf_counter() - t0))
+
+    @contextmanager
+    def hooks(self):
+        try:
+            from triton import knobs
+        except ImportError:
+            yield self
+            return
+        rt = knobs.runtime
+        old = rt.jit_cache_hook, rt.jit_post_compile_hook
+        rt.jit_cache_hook, rt.jit_post_compile_hook = self._enter, self._done
+        try:
+            yield self
+        finally:
+            rt.jit_cache_hook, rt.jit_post_compile_hook = old
+
+    def at(self, step: int) -> None:
+        self._step = step
+
+    def summary(self) -> str:
+        """``step: kernel seconds, ...`` in step order."""
+        return ", ".join(f"{s}: {name} {sec:.2f}" for s, name, sec in self.entries)
 
 
 def _sync(device: torch.device) -> None:
@@ -57,17 +100,19 @@ def run(name: str, model, batch: int, context: int, steps: int,
     try:
         step = make_step(name, model, cache)
         nxt = prefill(model, cache, ids, max(1, 16384 // batch)).argmax(-1)
-        times, prof = [], cProfile.Profile()
-        for i in range(steps):
-            _sync(device)
-            t0 = time.perf_counter()
-            if i >= WARMUP:
-                prof.enable()
-            nxt = step(nxt)
-            _sync(device)
-            if i >= WARMUP:
-                prof.disable()
-            times.append(time.perf_counter() - t0)
+        times, prof, log = [], cProfile.Profile(), CompileLog()
+        with log.hooks():
+            for i in range(steps):
+                log.at(i)
+                _sync(device)
+                t0 = time.perf_counter()
+                if i >= WARMUP:
+                    prof.enable()
+                nxt = step(nxt)
+                _sync(device)
+                if i >= WARMUP:
+                    prof.disable()
+                times.append(time.perf_counter() - t0)
     finally:
         cache.close()
     median = sorted(times)[len(times) // 2]
@@ -75,7 +120,7 @@ def run(name: str, model, batch: int, context: int, steps: int,
     row = {"cache": name, "median_ms": median * 1e3,
            "slowest": ", ".join(f"{i}: {times[i] * 1e3:.0f}" for i in slow),
            "excess_s": sum(t - median for t in times[WARMUP:]),
-           "steps": steps, "step_ms": times}
+           "compiled": log.summary(), "steps": steps, "step_ms": times}
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
     return row, text.getvalue()
@@ -107,9 +152,10 @@ def main(argv: list[str] | None = None) -> None:
             "shape": args.shape, "warmup": WARMUP,
             "timing": "each step's wall time between synchronisations (ms)"}
     write_results(args.out, "flush_steps", meta, rows,
-                  ["cache", "median_ms", "excess_s", "slowest"],
+                  ["cache", "median_ms", "excess_s", "slowest", "compiled"],
                   f"Decode steps across segment flushes, {args.layers} layers x {args.batch} x "
-                  f"{args.context} tokens, {args.steps} steps (slowest: step: ms)")
+                  f"{args.context} tokens, {args.steps} steps (slowest: step: ms; "
+                  "compiled: step: Triton kernel, seconds)")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
-from benchmarks.flush_steps import WARMUP, main
+import pytest
+
+from benchmarks.flush_steps import WARMUP, CompileLog, main
 
 
 def test_flush_steps_times_every_step_and_profiles_the_host(tmp_path):
@@ -18,3 +21,22 @@ def test_flush_steps_times_every_step_and_profiles_the_host(tmp_path):
     assert "function calls" in profile and "append" in profile  # a flush's append ran
     assert WARMUP < 1040
     assert "| wave |" in (tmp_path / "flush_steps.md").read_text()
+    assert row["compiled"] == ""  # the CPU's torch fallbacks compile no Triton kernel
+
+
+def test_compile_log_pairs_triton_hooks_by_step_and_restores_them():
+    knobs = pytest.importorskip("triton").knobs
+    before = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+    log = CompileLog()
+    with log.hooks():
+        rt = knobs.runtime
+        log.at(3)
+        assert rt.jit_cache_hook(key=("a",), fn=SimpleNamespace(name="_k1")) is False
+        log.at(7)  # the compile of _k1 ends at the step it ends in; _k2 starts and ends there
+        rt.jit_post_compile_hook(key=("a",), fn=SimpleNamespace(name="_k1"))
+        rt.jit_cache_hook(key=("b",), fn=SimpleNamespace(name="_k2"))
+        rt.jit_post_compile_hook(key=("b",), fn=SimpleNamespace(name="_k2"))
+        rt.jit_post_compile_hook(key=("c",), fn=SimpleNamespace(name="_never_started"))
+    assert (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook) == before
+    assert [(s, name) for s, name, _ in log.entries] == [(7, "_k1"), (7, "_k2")]
+    assert log.summary().startswith("7: _k1 0.00, 7: _k2 ")
