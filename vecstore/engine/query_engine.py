@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from vecstore.checks import check_finite, check_index, check_tensor
-from vecstore.config import StoreConfig
+from vecstore.config import LayerConfig, StoreConfig
 from vecstore.engine.batch import BatchViews, stack_steady
 from vecstore.engine.decoder import BatchDecoder, LayerStep, flush_due
 from vecstore.engine.layer_indexes import LayerIndexes
@@ -17,7 +17,7 @@ from vecstore.engine.sequence import Sequence, SequenceOwner
 from vecstore.errors import CapacityError, InvalidValueError, SequenceDroppedError, ShapeError
 from vecstore.executor.base import Executor
 from vecstore.executor.wave_exec import WaveExecutor
-from vecstore.index.base import IndexView
+from vecstore.index.base import Index, IndexView
 from vecstore.kvstore.placement import Placement
 from vecstore.types import QueryResult, QueryStats
 
@@ -57,6 +57,16 @@ class QueryEngine:
         self._indexes = indexes
         self._persistent = persistent
         self._batch_views = BatchViews(placement)
+        # each layer's effective settings and index, looked up once (the config is frozen)
+        self._layers: dict[int, tuple[Index, LayerConfig]] = {}
+
+    def _layer(self, layer: int) -> tuple[Index, LayerConfig]:
+        """The index and settings of ``layer``."""
+        found = self._layers.get(layer)
+        if found is None:
+            found = self._layers[layer] = (self._indexes.index(layer),
+                                           self._config.for_layer(layer))
+        return found
 
     def check(self, seqs: list[Sequence], layer: int, q: object, scale: float | None, *,
               finite: bool = True, grouped: bool = True) -> tuple[torch.Tensor, float]:
@@ -120,8 +130,8 @@ class QueryEngine:
         finally:
             self.retire_replaced([s.layers[layer] for s in seqs])
         steady = stack_steady(seqs, layer)
-        out, lse, stats = self._executor.run(self._indexes.index(layer), view, steady, q,
-                                             scale, self._config.for_layer(layer),
+        index, config = self._layer(layer)
+        out, lse, stats = self._executor.run(index, view, steady, q, scale, config,
                                              softcap=softcap)
         return QueryResult(out=out, lse=lse, stats=stats)
 
@@ -174,7 +184,7 @@ class QueryEngine:
             # equal rows share a tail buffer (gathered now if they do not yet)
             if not stack_steady(seqs, layer).persistent:
                 return None
-            index, config = self._indexes.index(layer), self._config.for_layer(layer)
+            index, config = self._layer(layer)
             try:
                 view = self._batch_views.view(seqs, layer)
             except CapacityError:
