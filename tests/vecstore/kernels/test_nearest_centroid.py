@@ -28,11 +28,17 @@ def test_nearest_centroid_is_the_argmax_of_the_inner_products(gen, P, n, k, D):
 
 @interpreted
 def test_nearest_centroid_breaks_ties_towards_the_lower_id(gen):
+    # distinct +-1 centroids: every inner product is a small integer, exact in any summation
+    # order, so a tie is a tie however the dots are tiled (random floats tied or not by
+    # their last bit, as the BLAS under the interpreter summed them)
     D, k = 16, 150
-    c = F.normalize(torch.randn(1, k, D, generator=gen), dim=-1)
+    signs = torch.randint(0, 2, (4 * k, D), generator=gen).unique(dim=0)
+    c = (2.0 * signs[torch.randperm(signs.shape[0], generator=gen)[:k]] - 1.0)[None]
     c[0, 5] = c[0, 3]  # a tie within a tile of centroids
     c[0, 140] = c[0, 70]  # and one across tiles (64 a tile)
-    x = torch.stack([c[0, 3], c[0, 70], c[0, 140]])[None] * 2.0
+    x = torch.stack([c[0, 3], c[0, 70], c[0, 140]])[None]
+    assert torch.equal(_scores(x, c).max(-1).values, torch.full((1, 3), float(D),
+                                                                dtype=torch.float64))
     assert nearest_centroid(x, c).tolist() == [[3, 70, 70]]
 
 
