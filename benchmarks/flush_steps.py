@@ -50,6 +50,7 @@ class CompileLog:
         self.entries: list[tuple[int, str, float]] = []
         self._step = -1
         self._started: dict[object, float] = {}
+        self._last: dict[str, object] = {}  # each kernel's last specialization key
 
     def _enter(self, *, key, fn, **_) -> bool:
         self._started[(fn.name, str(key))] = time.perf_counter()
@@ -57,8 +58,13 @@ class CompileLog:
 
     def _done(self, *, key, fn, **_) -> None:
         t0 = self._started.pop((fn.name, str(key)), None)
-        if t0 is not None:
-            self.entries.append((self._step, fn.name, time.perf_counter() - t0))
+        if t0 is None:
+            return
+        name, old = fn.name, self._last.get(fn.name)
+        self._last[name] = key
+        changed = _changed(fn, old, key) if old is not None else ""
+        self.entries.append((self._step, name + (f" ({changed})" if changed else ""),
+                             time.perf_counter() - t0))
 
     @contextmanager
     def hooks(self):
@@ -81,6 +87,17 @@ class CompileLog:
     def summary(self) -> str:
         """``step: kernel seconds, ...`` in step order."""
         return ", ".join(f"{s}: {name} {sec:.2f}" for s, name, sec in self.entries)
+
+
+def _changed(fn, old, new) -> str:
+    """The kernel arguments whose specialization differs between two keys of ``fn`` (Triton
+    keys hold one entry per argument at index 1), or ``"?"`` where the keys say not."""
+    params = getattr(getattr(fn, "jit_function", None), "params", None)
+    try:
+        names = [p.name for p, a, b in zip(params, old[1], new[1], strict=True) if a != b]
+    except (TypeError, IndexError, ValueError):
+        return "?"
+    return " ".join(names)
 
 
 def _sync(device: torch.device) -> None:

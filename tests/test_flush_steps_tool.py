@@ -40,3 +40,19 @@ def test_compile_log_pairs_triton_hooks_by_step_and_restores_them():
     assert (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook) == before
     assert [(s, name) for s, name, _ in log.entries] == [(7, "_k1"), (7, "_k2")]
     assert log.summary().startswith("7: _k1 0.00, 7: _k2 ")
+
+
+def test_compile_log_names_the_arguments_a_second_compile_specialized_differently():
+    pytest.importorskip("triton")
+    params = [SimpleNamespace(name=n) for n in ("x_ptr", "n", "BLOCK")]
+    fn = SimpleNamespace(name="_k", jit_function=SimpleNamespace(params=params))
+    keys = [("sig", [("*bf16", "D"), ("i32", "D"), 64]),
+            ("sig", [("*bf16", "D"), ("i32", ""), 128])]
+    log = CompileLog()
+    from triton import knobs
+    with log.hooks():
+        for step, key in enumerate(keys):
+            log.at(step)
+            knobs.runtime.jit_cache_hook(key=key, fn=fn)
+            knobs.runtime.jit_post_compile_hook(key=key, fn=fn)
+    assert [name for _, name, _ in log.entries] == ["_k", "_k (n BLOCK)"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -78,3 +80,15 @@ def test_fused_check_sees_a_bad_value_past_the_first_block():
                                prep.tokens_total, H, torch.zeros(5, dtype=torch.float64),
                                (x, k, v), finite)
         assert int(finite) == ok
+
+
+def test_the_stats_kernel_specializes_on_none_of_its_arguments():
+    # Triton compiles a kernel again for every new specialization of its arguments (an int
+    # being 1 or a multiple of 16, a pointer's alignment); the indexed count, sizes and
+    # addresses change as a layer grows, and each change cost a fresh H200 0.5-0.8 s of a
+    # decode step (benchmarks/flush_steps.py's compile log)
+    from vecstore.kernels.step_stats import _STEP_STATS, _step_stats_kernel
+
+    params = inspect.signature(_step_stats_kernel).parameters
+    runtime = {name for name, p in params.items() if p.annotation != "tl.constexpr"}
+    assert set(_STEP_STATS._plain) == runtime

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -100,6 +100,10 @@ class LazyKernel:
         The undecorated kernel function, written as for ``@triton.jit``. It may call plain
         ``@triton.jit`` device functions (:mod:`vecstore.kernels._device`), not other
         :class:`LazyKernel` kernels, since those would be resolved through this wrapper.
+    do_not_specialize : sequence of str
+        Arguments Triton should not specialize on (an integer's being 1 or a multiple of 16,
+        a pointer's 16-byte alignment): each new specialization compiles the kernel again,
+        so arguments that change as a layer grows compile it again mid-decode.
 
     Examples
     --------
@@ -109,8 +113,9 @@ class LazyKernel:
     '_noop'
     """
 
-    def __init__(self, fn: Callable[..., None]) -> None:
+    def __init__(self, fn: Callable[..., None], do_not_specialize: Sequence[str] = ()) -> None:
         self._fn = fn
+        self._plain = tuple(do_not_specialize)
         self._jitted: dict[bool, Any] = {}
         self.__name__ = fn.__name__
 
@@ -120,7 +125,9 @@ class LazyKernel:
         if kernel is None:
             import triton
 
-            kernel = self._jitted[mode] = triton.jit(self._fn)
+            kernel = self._jitted[mode] = triton.jit(
+                self._fn, do_not_specialize=self._plain,
+                do_not_specialize_on_alignment=self._plain)
         return kernel[grid]  # type: ignore[no-any-return]
 
 

@@ -91,7 +91,12 @@ def _step_stats_kernel(cum_ptr, cum_stride, count_ptr, est_count_ptr, rows,
         tl.store(stats_ptr + 4, tl.load(stats_ptr + 4) + mass)
 
 
-_STEP_STATS = LazyKernel(_step_stats_kernel)
+# bookkeeping: no argument is worth a specialization, and the indexed count and the
+# tensors' sizes and addresses change as the layer grows (each change compiled it again)
+_STEP_STATS = LazyKernel(_step_stats_kernel, do_not_specialize=(
+    "cum_ptr", "cum_stride", "count_ptr", "est_count_ptr", "rows", "parts_ptr", "parts_stride",
+    "num_exact", "num_parts", "lse_ptr", "qrows", "steady_ptr", "B", "indexed_per_head", "H",
+    "stats_ptr", "x_ptr", "x_numel", "y_ptr", "y_numel", "z_ptr", "z_numel", "finite_ptr"))
 
 
 def accumulate_step(cum: torch.Tensor, count: torch.Tensor, est_count: torch.Tensor,
