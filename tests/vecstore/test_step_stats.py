@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import pytest
 import torch
@@ -92,3 +93,27 @@ def test_the_stats_kernel_specializes_on_none_of_its_arguments():
     params = inspect.signature(_step_stats_kernel).parameters
     runtime = {name for name, p in params.items() if p.annotation != "tl.constexpr"}
     assert set(_STEP_STATS._plain) == runtime
+
+
+@interpreted
+def test_the_estimated_share_runs_over_parts_block_by_block():
+    # more estimated parts than one PARTS_BLOCK, spread over several magnitudes, one row
+    # with none finite: the running max and mass give the log-sum-exp of all of them
+    from vecstore.kernels.step_stats import accumulate_step
+
+    gen = torch.Generator().manual_seed(5)
+    res, steady, prep, _ = _step(gen)
+    rows = res.parts_lse.shape[0]
+    parts = torch.randn(rows, 45, generator=gen) * 8.0
+    parts[:, 30:] -= 40.0  # a later block far below the first
+    parts[0, 5:] = float("-inf")
+    parts[1, 40] = 30.0  # the largest part in the last block
+    res = replace(res, parts_lse=parts, num_exact_parts=5,
+                  lse=torch.logsumexp(parts, dim=1).view_as(res.lse) + 0.5)
+    want = step_stats(res, steady.lengths, prep.tokens_total, H)
+    stats = torch.zeros(5, dtype=torch.float64)
+    z = res.zones
+    accumulate_step(z.cum, z.count, z.est_count, res.parts_lse, res.num_exact_parts, res.lse,
+                    steady.lengths, prep.tokens_total, H, stats)
+    assert 0 < want[4] < 1
+    torch.testing.assert_close(stats[4], want[4], rtol=1e-5, atol=1e-7)

@@ -60,16 +60,24 @@ def _step_stats_kernel(cum_ptr, cum_stride, count_ptr, est_count_ptr, rows,
         n_est = tl.sum(estimated, axis=0)
         # the estimated parts' share of each query row's softmax mass, averaged
         share = tl.zeros([QROWS_BLOCK], dtype=tl.float32)
-        p = tl.arange(0, PARTS_BLOCK)
-        pm = (p >= num_exact) & (p < num_parts)
         for q0 in range(0, qrows, QROWS_BLOCK):
             q = q0 + tl.arange(0, QROWS_BLOCK)
             qm = q < qrows
-            parts = tl.load(parts_ptr + q.to(tl.int64)[:, None] * parts_stride + p[None, :],
-                            mask=qm[:, None] & pm[None, :], other=float("-inf"))
-            top = tl.max(parts, axis=1)
+            # the estimated parts' log-sum-exp, PARTS_BLOCK parts at a time (a running max
+            # and mass): the number of parts grows with the layer, a block size would not
+            top = tl.full([QROWS_BLOCK], float("-inf"), dtype=tl.float32)
+            mass_e = tl.zeros([QROWS_BLOCK], dtype=tl.float32)
+            for p0 in range(num_exact, num_parts, PARTS_BLOCK):
+                p = p0 + tl.arange(0, PARTS_BLOCK)
+                parts = tl.load(parts_ptr + q.to(tl.int64)[:, None] * parts_stride
+                                + p[None, :], mask=qm[:, None] & (p < num_parts)[None, :],
+                                other=float("-inf"))
+                new_top = tl.maximum(top, tl.max(parts, axis=1))
+                safe = tl.where(new_top == float("-inf"), 0.0, new_top)
+                mass_e = (mass_e * tl.exp(top - safe)
+                          + tl.sum(tl.exp(parts - safe[:, None]), axis=1))
+                top = new_top
             safe = tl.where(top == float("-inf"), 0.0, top)
-            mass_e = tl.sum(tl.exp(parts - safe[:, None]), axis=1)
             lse_e = tl.where(mass_e > 0, safe + tl.log(tl.maximum(mass_e, 1e-30)),
                              float("-inf"))
             s = tl.exp(lse_e - tl.load(lse_ptr + q, mask=qm, other=0.0))
@@ -142,7 +150,7 @@ def accumulate_step(cum: torch.Tensor, count: torch.Tensor, est_count: torch.Ten
         parts_lse, parts_lse.stride(0), num_exact_parts, P, lse.reshape(-1), qrows,
         steady_lengths, B, indexed // num_kv_heads, num_kv_heads, stats,
         x, x.numel(), y, y.numel(), z, z.numel(), stats if finite is None else finite,
-        ROWS_BLOCK=128, QROWS_BLOCK=128, PARTS_BLOCK=_pow2(P), B_BLOCK=_pow2(B),
+        ROWS_BLOCK=128, QROWS_BLOCK=128, PARTS_BLOCK=16, B_BLOCK=_pow2(B),
         FINITE_BLOCK=_FINITE_BLOCK, CHECK=check)
 
 
