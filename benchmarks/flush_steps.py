@@ -56,13 +56,13 @@ class CompileLog:
         self._started[(fn.name, str(key))] = time.perf_counter()
         return False  # compile: a true value would skip it
 
-    def _done(self, *, key, fn, **_) -> None:
+    def _done(self, *, key, fn, compile=None, **_) -> None:
         t0 = self._started.pop((fn.name, str(key)), None)
         if t0 is None:
             return
         name, old = fn.name, self._last.get(fn.name)
-        self._last[name] = key
-        changed = _changed(fn, old, key) if old is not None else ""
+        self._last[name] = compile
+        changed = _changed(fn, old, compile) if old is not None else ""
         self.entries.append((self._step, name + (f" ({changed})" if changed else ""),
                              time.perf_counter() - t0))
 
@@ -89,15 +89,24 @@ class CompileLog:
         return ", ".join(f"{s}: {name} {sec:.2f}" for s, name, sec in self.entries)
 
 
-def _changed(fn, old, new) -> str:
-    """The kernel arguments whose specialization differs between two keys of ``fn`` (Triton
-    keys hold one entry per argument at index 1), or ``"?"`` where the keys say not."""
-    params = getattr(getattr(fn, "jit_function", None), "params", None)
+def _changed(fn, old: dict | None, new: dict | None) -> str:
+    """The kernel arguments whose specialization differs between two compiles of ``fn``:
+    their constexpr values or their attributes (an integer's divisibility by 16, a pointer's
+    alignment), from the ``compile`` record Triton's hooks pass (``constants`` and
+    ``configs[0]``, keyed by argument paths); ``"?"`` where the records say not."""
     try:
-        names = [p.name for p, a, b in zip(params, old[1], new[1], strict=True) if a != b]
-    except (TypeError, IndexError, ValueError):
+        params = fn.jit_function.params
+        seen = []
+        for part in ("constants", "configs"):
+            a, b = old[part], new[part]
+            if part == "configs":
+                a, b = a[0], b[0]
+            for path in sorted(set(a) | set(b)):
+                if a.get(path) != b.get(path):
+                    seen.append(path[0])
+        return " ".join(params[i].name for i in sorted(set(seen)))
+    except (AttributeError, IndexError, KeyError, TypeError):
         return "?"
-    return " ".join(names)
 
 
 def _sync(device: torch.device) -> None:

@@ -44,15 +44,19 @@ def test_compile_log_pairs_triton_hooks_by_step_and_restores_them():
 
 def test_compile_log_names_the_arguments_a_second_compile_specialized_differently():
     pytest.importorskip("triton")
-    params = [SimpleNamespace(name=n) for n in ("x_ptr", "n", "BLOCK")]
+    params = [SimpleNamespace(name=n) for n in ("x_ptr", "n", "m", "BLOCK")]
     fn = SimpleNamespace(name="_k", jit_function=SimpleNamespace(params=params))
-    keys = [("sig", [("*bf16", "D"), ("i32", "D"), 64]),
-            ("sig", [("*bf16", "D"), ("i32", ""), 128])]
+    records = [{"constants": {(3,): 64}, "configs": [{(0,): [["tt.divisibility", 16]],
+                                                      (1,): [["tt.divisibility", 16]]}]},
+               {"constants": {(3,): 128}, "configs": [{(0,): [["tt.divisibility", 16]]}]},
+               {"constants": {(3,): 128}, "configs": [{(0,): [["tt.divisibility", 16]]}]}]
     log = CompileLog()
     from triton import knobs
     with log.hooks():
-        for step, key in enumerate(keys):
+        for step, record in enumerate(records):
             log.at(step)
-            knobs.runtime.jit_cache_hook(key=key, fn=fn)
-            knobs.runtime.jit_post_compile_hook(key=key, fn=fn)
-    assert [name for _, name, _ in log.entries] == ["_k", "_k (n BLOCK)"]
+            knobs.runtime.jit_cache_hook(key=f"k{step}", fn=fn, compile=record)
+            knobs.runtime.jit_post_compile_hook(key=f"k{step}", fn=fn, compile=record)
+        knobs.runtime.jit_cache_hook(key="odd", fn=fn)  # a record of another shape
+        knobs.runtime.jit_post_compile_hook(key="odd", fn=fn, compile={"other": 1})
+    assert [name for _, name, _ in log.entries] == ["_k", "_k (n BLOCK)", "_k", "_k (?)"]
