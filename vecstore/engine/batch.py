@@ -12,7 +12,6 @@ from vecstore.engine.batch_share import grown_rows, share
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import gather, holds
-from vecstore.engine.tail import TailBuffer
 from vecstore.errors import CapacityError
 from vecstore.executor.base import Steady
 from vecstore.index.base import IndexView
@@ -246,10 +245,10 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
     host memory, asynchronously.
     """
     states = [s.layers[layer] for s in seqs]
-    shared = _shared_tail(states)
-    if shared is not None:  # the common case of a decode loop, checked first
-        tail, n = shared
-        return Steady(tail.keys, tail.values, tail.lengths(n), True)
+    tail, at = states[0].tail_buffer, states[0].tail_at
+    if tail is not None and at is not None and holds(tail, states, at[2]):
+        # the common case of a decode loop, checked before any tail is sliced
+        return Steady(tail.keys, tail.values, tail.lengths(at[2]), True)
     dev = states[0].device
     if _same_shapes(states) and len({id(st) for st in states}) == len(states):
         n = states[0].pending_keys.shape[1]
@@ -282,20 +281,6 @@ def stack_steady(seqs: list[Sequence], layer: int) -> Steady:
         lengths = lengths.to(dev)
     return Steady(torch.stack([pad(k) for k, _ in parts]),
                   torch.stack([pad(v) for _, v in parts]), lengths)
-
-
-def _shared_tail(states: list[LayerState]) -> tuple[TailBuffer, int] | None:
-    """The buffer whose rows ``0..B-1`` the tails of ``states`` are, each ``n`` tokens
-    behind the buffer's sinks, and ``n``; else ``None``."""
-    tail = states[0].tail_buffer
-    at = states[0].tail_at
-    if tail is None or at is None or len(states) != tail.keys.shape[0]:
-        return None
-    n = at[2]
-    for b, st in enumerate(states):
-        if st.tail_at != (tail, b, n) or st.sink_keys.shape[1] != tail.sinks:
-            return None
-    return tail, n
 
 
 def _same_shapes(states: list[LayerState]) -> bool:
