@@ -60,7 +60,7 @@ def run(batch: int, tokens: int, kind: str, reps: int) -> dict:
         user = _loop(lambda x: store.query(seqs, 0, x), queries4, reps)
         # the same step, captured as decode.py captures it: the stacked view and steady zone
         # the store built, prepared once, then replayed
-        from vecstore.engine.batch import stack_steady
+        from vecstore.engine.batch_steady import stack_steady
 
         stacked = store._queries._batch_views.view(seqs, 0)
         steady = stack_steady(seqs, 0)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, machine  # noqa: E402
 from benchmarks.decode_setup import HKV, SCALE, make_inputs  # noqa: E402
 from vecstore import Store  # noqa: E402
-from vecstore.engine.batch import stack_steady  # noqa: E402
+from vecstore.engine.batch_steady import stack_steady  # noqa: E402
 from vecstore.executor.wave_graph import replay  # noqa: E402
 
 PROFILE_LINES = 30

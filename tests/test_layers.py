@@ -53,6 +53,7 @@ LAYERS: dict[str, float] = {
     "vecstore.engine.batch_share": 5.2,
     "vecstore.engine.sequence": 5.2,
     "vecstore.engine.batch": 5.3,
+    "vecstore.engine.batch_steady": 5.3,
     "vecstore.engine.decoder": 5.3,
     "vecstore.engine.sequence_builder": 5.3,
     "vecstore.engine.transaction": 5.3,

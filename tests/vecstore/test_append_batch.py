@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vecstore import Store
-from vecstore.engine.batch import stack_steady
+from vecstore.engine.batch_steady import stack_steady
 from vecstore.errors import InvalidValueError, SequenceDroppedError, ShapeError
 
 H, D = 2, 8

@@ -9,7 +9,8 @@ import torch
 
 from vecstore.checks import check_finite, check_index, check_tensor
 from vecstore.config import LayerConfig, StoreConfig
-from vecstore.engine.batch import BatchViews, stack_steady
+from vecstore.engine.batch import BatchViews
+from vecstore.engine.batch_steady import stack_steady
 from vecstore.engine.decoder import BatchDecoder, LayerStep, flush_due
 from vecstore.engine.layer_indexes import LayerIndexes
 from vecstore.engine.layer_state import LayerState
