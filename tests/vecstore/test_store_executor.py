@@ -9,6 +9,7 @@ from vecstore import Store, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor import base as executor_base
 from vecstore.executor.base import build_executor
+from vecstore.executor.numba_exec import NumbaExecutor
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_exec import WaveExecutor
 
@@ -51,8 +52,8 @@ def test_unknown_cache_policy_fails_at_open(kind):
 
 
 @pytest.mark.parametrize(("device", "triton", "expected"), [
-    ("cpu", True, TorchExecutor), ("cuda", True, WaveExecutor), ("cuda:1", True, WaveExecutor),
-    ("cuda", False, TorchExecutor), ("cpu", False, TorchExecutor)])
+    ("cpu", True, NumbaExecutor), ("cuda", True, WaveExecutor), ("cuda:1", True, WaveExecutor),
+    ("cuda", False, TorchExecutor), ("cpu", False, NumbaExecutor)])
 def test_auto_executor_follows_device_and_triton(monkeypatch, device, triton, expected):
     monkeypatch.setattr(executor_base, "has_triton", lambda: triton)
     config = StoreConfig.from_dict({"executor": {"device": device}})
@@ -61,9 +62,10 @@ def test_auto_executor_follows_device_and_triton(monkeypatch, device, triton, ex
     assert type(ex) is expected and ex.device == device
 
 
-@pytest.mark.parametrize("kind", ["torch", "wave"])
+@pytest.mark.parametrize("kind", ["torch", "wave", "numba"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_explicit_executor_kind_is_kept(monkeypatch, kind, device):
     monkeypatch.setattr(executor_base, "has_triton", lambda: device == "cuda")
     ex = build_executor(StoreConfig.from_dict({"executor": {"kind": kind, "device": device}}))
-    assert type(ex) is {"torch": TorchExecutor, "wave": WaveExecutor}[kind]
+    assert type(ex) is {"torch": TorchExecutor, "wave": WaveExecutor,
+                        "numba": NumbaExecutor}[kind]

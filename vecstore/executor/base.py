@@ -84,17 +84,19 @@ EXECUTORS: Registry[type] = Registry("executor")
 
 def resolve_kind(kind: str, device: str) -> str:
     """The executor kind that ``kind`` names on ``device``: ``"auto"`` is ``"wave"`` on a
-    CUDA device where Triton is installed and ``"torch"`` elsewhere; any other kind is
-    kept as given.
+    CUDA device where Triton is installed, ``"numba"`` (the fused CPU step) on the CPU and
+    ``"torch"`` elsewhere; any other kind is kept as given.
 
     Examples
     --------
-    >>> resolve_kind("auto", "cpu"), resolve_kind("wave", "cpu")
-    ('torch', 'wave')
+    >>> resolve_kind("auto", "cpu"), resolve_kind("torch", "cpu")
+    ('numba', 'torch')
     """
     if kind != "auto":
         return kind
-    return "wave" if device.startswith("cuda") and has_triton() else "torch"
+    if device.startswith("cuda") and has_triton():
+        return "wave"
+    return "numba" if device == "cpu" else "torch"
 
 
 def build_executor(config: StoreConfig,
