@@ -9,9 +9,10 @@ answers, decode speed, the share of the context read exactly per step, the share
 softmax mass the estimation zone carried, the block cache hit rate and peak memory. The
 exit status is 0 when the wave cache's answer holds the fact.
 
-Decode speed is the steady rate between the generated tokens' timestamps: the first
-decode step (generate's setup, and lazy one-time work such as numba compiling the
-store's gather kernel, ~5 s of CPU when its cache is cold; a warm-up query does that
+Decode speed is the steady rate between the generated tokens' timestamps (one over the
+median step: an answer is a few tokens long). The first decode step (generate's setup, the
+wave cache's index build over the prompt, and lazy one-time work such as numba compiling
+the store's kernels, seconds of CPU when its cache is cold; a warm-up query does that
 before anything is timed) is shown apart. The full-attention baseline uses
 ``StaticCache`` because ``DynamicCache`` concatenates every layer's whole KV at every
 step: on 2 CPU cores that copy (320 MB per step at 7K tokens, into freshly allocated
@@ -61,23 +62,39 @@ class Answer:
         the first token.
     first_step_seconds : float
         The first decode step, from the call of ``generate`` to its first token.
-    decode_seconds : float
-        The decode steps after it, from its token to the last.
+    step_seconds : tuple[float, ...]
+        Each decode step after it, from one token to the next.
     new_tokens : int
         Tokens generated (the prefill's, the first step's and the timed steps').
+
+    Examples
+    --------
+    >>> a = Answer("42", 60.0, 15.0, (0.1, 0.1, 0.4), new_tokens=5)
+    >>> round(a.decode_seconds, 3), round(a.tokens_per_second, 3)
+    (0.6, 10.0)
     """
 
     text: str
     prefill_seconds: float
     first_step_seconds: float
-    decode_seconds: float
+    step_seconds: tuple[float, ...]
     new_tokens: int
 
     @property
+    def decode_seconds(self) -> float:
+        """The decode steps after the first, from its token to the last."""
+        return sum(self.step_seconds)
+
+    @property
     def tokens_per_second(self) -> float:
-        """Steady decode speed: the steps after the first, over their time."""
-        steps = self.new_tokens - 2
-        return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
+        """Steady decode speed: one over the median step after the first (a short answer
+        has few steps, and one slowed by a busy machine would move their mean)."""
+        steps = sorted(self.step_seconds)
+        if not steps:
+            return 0.0
+        mid = len(steps) // 2
+        median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+        return 1.0 / median if median > 0 else 0.0
 
 
 class _Stamps(BaseStreamer):
@@ -139,12 +156,12 @@ def answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ids: torc
     return Answer(text=str(tokenizer.decode(tokens, skip_special_tokens=True)).strip(),
                   prefill_seconds=prefill,
                   first_step_seconds=times[1] - times[0] if len(times) > 1 else 0.0,
-                  decode_seconds=times[-1] - times[1] if len(times) > 2 else 0.0,
+                  step_seconds=tuple(b - a for a, b in zip(times[1:], times[2:], strict=False)),
                   new_tokens=len(tokens))
 
 
 def warm_up() -> None:
-    """Run one small store query, so one-time work (numba compiling the gather kernel)
+    """Run one small store query, so one-time work (numba compiling the decode step)
     is not timed as decoding."""
     with Store.open() as store:
         seq = store.create("warm-up", num_layers=1, num_kv_heads=1, head_dim=8,
