@@ -70,8 +70,6 @@ def parts(batch: int, tokens: int, reps: int) -> str:
         q3 = q4[:, :, 0]
         assert prep.graph is not None
         graph, res, stats = prep.graph.graph, prep.graph.res, prep.graph.stats
-        packed = prep.graph.packed
-        assert packed is not None
         timed = {
             "store.query": lambda: store.query(seqs, 0, q4),
             "engine.check": lambda: engine.check(seqs, 0, q4, None, finite=False,
@@ -84,7 +82,6 @@ def parts(batch: int, tokens: int, reps: int) -> str:
             "wave_graph.replay": lambda: replay(prep, steady, q3, SCALE, ex.decode),
             "CUDAGraph.replay": graph.replay,
             "3 output clones": lambda: (res.out.clone(), res.lse.clone(), stats.clone()),
-            "packed output copy": packed.take,
         }
         for name, fn in timed.items():
             lines.append(f"B={batch} {name}: {_per_call_us(fn, reps):.1f} us/call")

@@ -14,7 +14,6 @@ from vecstore.executor.base import Steady
 from vecstore.executor.sq8 import dequantize, quantize
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_exec import WaveExecutor
-from vecstore.executor.wave_state import PackedOutputs
 from vecstore.index.base import IndexView
 from vecstore.index.quest import QuestIndex
 from vecstore.index.wave import WaveIndex
@@ -333,18 +332,3 @@ def test_a_batch_of_64_sequences_of_different_lengths_in_the_same_launches(monke
         counts.append(len(launches))
         assert rel_err(out, ref[0]) < 1e-5 and rel_err(lse, ref[1]) < 1e-5
     assert counts[0] == counts[1] > 0
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_packed_outputs_copy_all_three_in_one_buffer(dtype):
-    # a captured step's outputs, copied into one buffer inside the graph, come back out
-    # with one clone; the copy outlives later writes to the buffer
-    gen = torch.Generator().manual_seed(11)
-    out = torch.randn(3, 8, 16, generator=gen).to(dtype)
-    lse = torch.randn(3, 8, generator=gen)
-    stats = torch.tensor([100.0, 40.0, 3.0, 7.0, 0.25], dtype=torch.float64)
-    packed = PackedOutputs.pack(out, lse, stats)
-    got = packed.take()
-    packed.buffer.zero_()  # the next replay overwrites the graph's buffer
-    for x, want in zip(got, (out, lse, stats), strict=True):
-        assert x.dtype == want.dtype and torch.equal(x, want)

@@ -132,12 +132,11 @@ class WaveExecutor:
             return self.reference.run(index, view, steady, q, scale, layer, softcap)
         assert view is not None
         prep = self.prepare(view, layer, index)
-        B = q.shape[0]
+        B, Hq, _, D = q.shape
         if self.use_graphs and q.device.type == "cuda":
-            replay(prep, steady, q[:, :, 0], scale, self.decode, softcap)
-            assert prep.graph is not None and prep.graph.packed is not None
-            # a copy: the graph's outputs are overwritten by its next replay
-            out, lse, values = prep.graph.packed.take()
+            res = replay(prep, steady, q[:, :, 0], scale, self.decode, softcap)
+            assert prep.graph is not None and prep.graph.stats is not None
+            values = prep.graph.stats.clone()
         else:
             if prep.buffer is not None:
                 prep.buffer.begin_step()
@@ -145,9 +144,10 @@ class WaveExecutor:
             if prep.buffer is not None:
                 prep.buffer.finish_step()
             values = step_stats(res, steady.lengths, prep.tokens_total, prep.sizes.shape[0] // B)
-            out, lse = res.out, res.lse
         # read back only when someone reads the stats: the step never waits for the device
-        return out[:, :, None], lse[:, :, None], QueryStats.deferred(values)
+        stats = QueryStats.deferred(values)
+        # clones: a graph's outputs are overwritten by its next replay
+        return res.out[:, :, None].clone(), res.lse[:, :, None].clone(), stats
 
     def can_run(self, index: Index, view: IndexView | None, q: torch.Tensor,
                 layer: LayerConfig) -> bool:

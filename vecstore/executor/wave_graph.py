@@ -15,7 +15,6 @@ from vecstore.executor.base import Steady
 from vecstore.executor.wave_state import (
     CapturedStep,
     DecodeResult,
-    PackedOutputs,
     PreparedView,
     add_step_stats,
 )
@@ -88,9 +87,7 @@ def _capture(prep: PreparedView, key: tuple, q: torch.Tensor, steady: Steady, wh
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         res = step(prep, static, qs, scale, softcap)
         stats = _stats(res, static, prep.tokens_total, H)
-        packed = PackedOutputs.pack(res.out, res.lse, stats)
-    return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats,
-                        packed=packed)
+    return CapturedStep(key=key, graph=graph, q=qs, steady=static, res=res, stats=stats)
 
 
 def _stats(res: DecodeResult, steady: Steady, indexed: int, H: int) -> torch.Tensor:

@@ -91,55 +91,6 @@ class CapturedStep:
     steady: Steady
     res: DecodeResult
     stats: torch.Tensor | None = None  # the step's QueryStats fields, computed in the graph
-    packed: PackedOutputs | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PackedOutputs:
-    """A captured step's outputs copied (inside the graph) into one byte buffer, so a
-    caller keeps them past the next replay with one clone instead of three.
-
-    Attributes
-    ----------
-    buffer : torch.Tensor
-        uint8: the stats (float64 ``[5]``), then ``lse`` (float32), then ``out``, each at a
-        16-byte boundary.
-    out_shape, lse_shape : tuple[int, ...]
-    out_dtype : torch.dtype
-    """
-
-    buffer: torch.Tensor
-    out_shape: tuple[int, ...]
-    lse_shape: tuple[int, ...]
-    out_dtype: torch.dtype
-
-    @staticmethod
-    def pack(out: torch.Tensor, lse: torch.Tensor, stats: torch.Tensor) -> PackedOutputs:
-        """Allocate the buffer and copy the three outputs in (call it inside the capture:
-        the copies are part of the graph)."""
-        sizes = [stats.numel() * 8, lse.numel() * 4, out.numel() * out.element_size()]
-        starts = [0]
-        for n in sizes[:-1]:
-            starts.append(starts[-1] + -(-n // 16) * 16)
-        buffer = torch.empty(starts[-1] + sizes[-1], dtype=torch.uint8, device=out.device)
-        packed = PackedOutputs(buffer, tuple(out.shape), tuple(lse.shape), out.dtype)
-        for view, x in zip(packed.views(buffer), (out, lse, stats), strict=True):
-            view.copy_(x)
-        return packed
-
-    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``out``, ``lse`` and the stats as views of ``buffer`` (this layout's bytes)."""
-        n_lse = 4 * math.prod(self.lse_shape)
-        lse_at = 48  # 40 bytes of stats, rounded up to 16
-        out_at = lse_at + -(-n_lse // 16) * 16
-        out = buffer[out_at:].view(self.out_dtype).view(self.out_shape)
-        lse = buffer[lse_at:lse_at + n_lse].view(torch.float32).view(self.lse_shape)
-        return out, lse, buffer[:40].view(torch.float64)
-
-    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A copy of the outputs the last replay wrote (one device copy), as ``out``,
-        ``lse`` and the stats."""
-        return self.views(self.buffer.clone())
 
 
 @dataclass(frozen=True, slots=True)
