@@ -13,7 +13,6 @@ zones (ties broken by cluster id), the same merge, float32 throughout.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import cast
 
@@ -23,6 +22,7 @@ import torch
 from vecstore.config import LayerConfig
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.plan import zone_sizes
+from vecstore.executor.prepared_views import PreparedViews
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.index.base import EstimatingIndex, Index, IndexView
 from vecstore.kernels.cpu_decode import decode_rows
@@ -32,7 +32,6 @@ __all__ = ["NumbaExecutor"]
 
 # bfloat16 rows reach Numba as their bit patterns
 _BITS = {torch.float32: torch.float32, torch.bfloat16: torch.uint16}
-_MAX_PREPARED = 512
 
 
 @EXECUTORS.register("numba")
@@ -56,7 +55,7 @@ class NumbaExecutor:
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
         self.reference = TorchExecutor(device)
-        self._prepared: OrderedDict[tuple[int, float, float], _Prepared] = OrderedDict()
+        self._prepared: PreparedViews[_Prepared] = PreparedViews()
 
     def can_run(self, index: Index, view: IndexView | None, q: torch.Tensor,
                 layer: LayerConfig) -> bool:
@@ -96,21 +95,13 @@ class NumbaExecutor:
 
     def prepare(self, view: IndexView, layer: LayerConfig, index: Index) -> _Prepared:
         """The arrays the step reads of ``view`` for ``layer``'s budgets, built once."""
-        key = (id(view), layer.retrieval_budget, layer.estimation_budget)
-        prep = self._prepared.get(key)
-        if prep is not None and prep.view is view:
-            self._prepared.move_to_end(key)
-            return prep
-        prep = self._prepared[key] = _Prepared.of(view, layer, cast(EstimatingIndex, index))
-        while len(self._prepared) > _MAX_PREPARED:
-            self._prepared.popitem(last=False)
-        return prep
+        return self._prepared.get(
+            view, layer, lambda: _Prepared.of(view, layer, cast(EstimatingIndex, index)))
 
     def release_view(self, view: IndexView) -> None:
         """Forget what was prepared for ``view`` (the store calls this when the view is
         replaced, dropped or closed)."""
-        for key in [k for k, p in self._prepared.items() if p.view is view]:
-            del self._prepared[key]
+        self._prepared.release(view)
 
 
 @dataclass(frozen=True, slots=True)

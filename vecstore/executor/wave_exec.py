@@ -18,7 +18,6 @@ whose plan this executor reproduces: same zones (ties broken by cluster id), sam
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
@@ -28,6 +27,7 @@ import torch
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
+from vecstore.executor.prepared_views import PreparedViews
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_graph import replay
 from vecstore.executor.wave_state import DecodeResult, PreparedView, prepare_view, step_stats
@@ -40,7 +40,6 @@ from vecstore.types import QueryStats
 
 __all__ = ["WaveExecutor"]
 
-_MAX_PREPARED = 512
 _SCORE_DTYPES = (None, torch.float32, torch.bfloat16, torch.float16, torch.int8)
 
 
@@ -111,7 +110,7 @@ class WaveExecutor:
         # loop of a 32-layer model); it starts with the first record
         self._policy_worker = ThreadPoolExecutor(1, thread_name_prefix="vecstore-policy")
         self.reference = TorchExecutor(device)
-        self._prepared: OrderedDict[tuple[int, float, float], PreparedView] = OrderedDict()
+        self._prepared: PreparedViews[PreparedView] = PreparedViews(on_drop=_close_buffer)
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
 
     @classmethod
@@ -170,30 +169,17 @@ class WaveExecutor:
     # -- preparation ---------------------------------------------------------------------
     def prepare(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
         """Build (or fetch) the decode-ready form of ``view`` for ``layer``'s budgets."""
-        key = (id(view), layer.retrieval_budget, layer.estimation_budget)
-        prep = self._prepared.get(key)
-        if prep is not None and prep.view is view:
-            self._prepared.move_to_end(key)
-            return prep
-        summary = cast(EstimatingIndex, index).summarize(view)
-        prep = prepare_view(view, summary, layer, index, score_dtype=self.score_dtype,
-                            offload=self.simulate_offload, cache_policy=self.cache_policy,
-                            cache_capacity=self.cache_capacity, slot_tokens=self.slot_tokens,
-                            accounts=self.accounts, policy_worker=self._policy_worker)
-        self._prepared[key] = prep
-        while len(self._prepared) > _MAX_PREPARED:
-            _, old = self._prepared.popitem(last=False)
-            if old.buffer is not None:
-                old.buffer.close()
-        return prep
+        return self._prepared.get(view, layer, lambda: prepare_view(
+            view, cast(EstimatingIndex, index).summarize(view), layer, index,
+            score_dtype=self.score_dtype, offload=self.simulate_offload,
+            cache_policy=self.cache_policy, cache_capacity=self.cache_capacity,
+            slot_tokens=self.slot_tokens, accounts=self.accounts,
+            policy_worker=self._policy_worker))
 
     def release_view(self, view: IndexView) -> None:
         """Forget what was prepared for ``view`` and close its wave buffer (the store calls
         this when the view is replaced, dropped or closed)."""
-        for key in [k for k, p in self._prepared.items() if p.view is view]:
-            prep = self._prepared.pop(key)
-            if prep.buffer is not None:
-                prep.buffer.close()
+        self._prepared.release(view)
 
     # -- the step ------------------------------------------------------------------------
     def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
@@ -202,3 +188,9 @@ class WaveExecutor:
         zone's scores soft-capped by ``softcap`` (``None``: no cap)
         (:func:`~vecstore.executor.wave_step.decode_step`, on this executor's streams)."""
         return decode_step(prep, steady, q, scale, self._streams, softcap)
+
+
+def _close_buffer(prep: PreparedView) -> None:
+    """Free the wave buffer of a prepared view the executor no longer keeps."""
+    if prep.buffer is not None:
+        prep.buffer.close()

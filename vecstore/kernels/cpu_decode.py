@@ -72,6 +72,30 @@ def _cap(x: float, softcap: float) -> float:
     return softcap * math.tanh(x / softcap) if softcap > 0 else x
 
 
+@numba.njit(inline="always", fastmath=_FAST)
+def _score_rows(q: _Array, table: _Array, first: int, count: int, scale: float,
+                softcap: float, logits: _Array, pos: int, bits: _Array, wide: _Array) -> int:
+    """Scores of rows ``first, ..., first + count - 1`` of ``table`` for every query head,
+    into ``logits[:, pos:]``; returns the next free position."""
+    for t in range(count):
+        k = _row(table, first + t, bits, wide)
+        for g in range(q.shape[0]):
+            logits[g, pos + t] = _cap(_dot(q[g], k) * scale, softcap)
+    return pos + count
+
+
+@numba.njit(inline="always", fastmath=_FAST)
+def _weigh_rows(probs: _Array, table: _Array, first: int, count: int, acc: _Array, pos: int,
+                bits: _Array, wide: _Array) -> int:
+    """Add rows ``first, ...`` of ``table`` weighed by ``probs[:, pos:]`` to ``acc``;
+    returns the next position."""
+    for t in range(count):
+        v = _row(table, first + t, bits, wide)
+        for g in range(acc.shape[0]):
+            _axpy(probs[g, pos + t], v, acc[g])
+    return pos + count
+
+
 @numba.njit(fastmath=_FAST)
 def _rank(q: _Array, sizes: _Array, centroids: _Array, radii: _Array, scale: float,
           weight: float) -> _Array:
@@ -161,19 +185,12 @@ def _decode(q: _Array, keys: _Array, values: _Array, kv_base: _Array, offsets: _
         wide = bits.view(np.float32)
         logits = np.empty((G, exact + e), np.float32)
         # scores: steady rows, retrieved rows, estimated clusters (+ log size)
-        pos = 0
-        for t in range(steady_len[i]):
-            k = _row(steady_keys, steady_base[i] + t, bits, wide)
-            for g in range(G):
-                logits[g, pos] = _cap(_dot(q[i, g], k) * scale, softcap)
-            pos += 1
+        pos = _score_rows(q[i], steady_keys, steady_base[i], steady_len[i], scale, softcap,
+                          logits, 0, bits, wide)
         for j in range(r):
             c = ret[j]
-            for t in range(offsets[i, c], offsets[i, c + 1]):
-                k = _row(keys, kv_base[i] + t, bits, wide)
-                for g in range(G):
-                    logits[g, pos] = _cap(_dot(q[i, g], k) * scale, softcap)
-                pos += 1
+            pos = _score_rows(q[i], keys, kv_base[i] + offsets[i, c], sizes[i, c], scale,
+                              softcap, logits, pos, bits, wide)
         for j in range(e):
             c = est[j]
             log_n = math.log(np.float32(sizes[i, c]))
@@ -197,19 +214,12 @@ def _decode(q: _Array, keys: _Array, values: _Array, kv_base: _Array, offsets: _
                 if t >= exact:
                     estimated[g] += p
         acc = np.zeros((G, D), np.float32)
-        pos = 0
-        for t in range(steady_len[i]):
-            v = _row(steady_values, steady_base[i] + t, bits, wide)
-            for g in range(G):
-                _axpy(logits[g, pos], v, acc[g])
-            pos += 1
+        pos = _weigh_rows(logits, steady_values, steady_base[i], steady_len[i], acc, 0, bits,
+                          wide)
         for j in range(r):
             c = ret[j]
-            for t in range(offsets[i, c], offsets[i, c + 1]):
-                v = _row(values, kv_base[i] + t, bits, wide)
-                for g in range(G):
-                    _axpy(logits[g, pos], v, acc[g])
-                pos += 1
+            pos = _weigh_rows(logits, values, kv_base[i] + offsets[i, c], sizes[i, c], acc, pos,
+                              bits, wide)
         for j in range(e):
             c = est[j]
             inv_n = np.float32(1.0) / np.float32(sizes[i, c])
