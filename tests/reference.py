@@ -45,3 +45,19 @@ def planted_clusters(num_problems: int, num_points: int, k: int,
     pick = torch.arange(num_points) * k // num_points
     x = dirs[:, pick] + 0.02 * torch.randn(num_problems, num_points, 16, generator=gen)
     return torch.nn.functional.normalize(x, dim=-1), pick.expand(num_problems, -1)
+
+
+def rows_apart(view, gap: int):
+    """``view`` with each (sequence, head)'s rows ``gap`` rows further apart than their
+    length, as a tier's reserve keeps them; the rows between are NaN, so an executor
+    reading them would show."""
+    from vecstore.index.base import IndexView
+
+    B, heads, n, dim = view.keys.shape
+    spread = []
+    for x in (view.keys, view.values):
+        reserve = torch.full((B, heads, n + gap, dim), float("nan"), dtype=x.dtype)
+        reserve[:, :, :n] = x
+        spread.append(reserve[:, :, :n])
+    return IndexView(keys=spread[0], values=spread[1], offsets=view.offsets,
+                     sizes=view.sizes, meta=view.meta, num_units=view.num_units)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.reference import exact_attention, rel_err
+from tests.reference import exact_attention, rel_err, rows_apart
 from vecstore.config import StoreConfig
 from vecstore.executor import EXECUTORS
 from vecstore.executor.base import Steady
@@ -113,14 +113,8 @@ def test_rows_a_reserve_apart_are_read_in_place(lengths):
     # the padding between them is NaN, so reading it would show
     gen = torch.Generator().manual_seed(4)
     index, view, steady, q = _batch(gen, torch.float32, lengths=lengths)
-    B, heads, n, dim = view.keys.shape
-    spread = []
-    for x in (view.keys, view.values):
-        reserve = torch.full((B, heads, n + 37, dim), float("nan"))
-        reserve[:, :, :n] = x
-        spread.append(reserve[:, :, :n])
-    apart = IndexView(keys=spread[0], values=spread[1], offsets=view.offsets,
-                      sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    apart = rows_apart(view, 37)
+    B, heads, _, dim = view.keys.shape
     tail = torch.full((B, heads, 90, dim), float("nan"))
     tail[:, :, :70] = steady.keys
     wide = Steady(tail[:, :, :70], steady.values, steady.lengths)  # keys and values differ

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.interpreter import interpreted, request_interpreter
-from tests.reference import exact_attention, rel_err
+from tests.reference import exact_attention, rel_err, rows_apart
 from vecstore.config import StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor import EXECUTORS
@@ -87,14 +87,7 @@ def test_rows_further_apart_than_their_length_read_as_contiguous_rows(offload, l
     # reserve apart
     gen = torch.Generator().manual_seed(10)
     index, view, steady, q = _batch(gen, torch.float32, lengths=lengths)
-    B, heads, n, dim = view.keys.shape
-    spread = []
-    for x in (view.keys, view.values):
-        reserve = torch.full((B, heads, n + 37, dim), float("nan"))
-        reserve[:, :, :n] = x
-        spread.append(reserve[:, :, :n])
-    apart = IndexView(keys=spread[0], values=spread[1], offsets=view.offsets,
-                      sizes=view.sizes, meta=view.meta, num_units=view.num_units)
+    apart = rows_apart(view, 37)
     layer = CFG.for_layer(0)
     want = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=offload).run(
         index, view, steady, q, D ** -0.5, layer)
