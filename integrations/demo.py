@@ -45,6 +45,7 @@ from integrations.hf.model_loading import load_smollm2, smollm2_cache_dir
 from integrations.tasks import make_sample, score
 from vecstore import Store
 from vecstore.errors import BackendUnavailableError
+from vecstore.executor.base import resolve_kind
 
 __all__ = ["Answer", "answer", "build_parser", "main"]
 
@@ -225,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         wave = answer(model, tokenizer, ids, cache, max_new_tokens=sample.max_new_tokens,
                       desc="prefill + wave index build", quiet=args.quiet)
         stats = cache.decode_stats
-        executor = cache.store.config.executor.kind
+        settings = cache.store.config.executor
+        executor = resolve_kind(settings.kind, settings.device)  # what "auto" chose
         segment = cache.store.config.index.segment_tokens
     ok = score(wave.text, sample.answers) == 1.0
     rows = [("answer", repr(full.text), repr(wave.text)),
