@@ -18,7 +18,8 @@ from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.index.base import IndexView
 from vecstore.index.quest import QuestIndex
 from vecstore.index.wave import WaveIndex
-from vecstore.kernels.cpu_decode import _zones, decode_rows
+from vecstore.kernels.cpu_decode import decode_rows
+from vecstore.kernels.cpu_zones import split_zones
 
 CFG = StoreConfig.from_dict({"index": {"segment_tokens": 512},
                              "attention": {"retrieval_budget": 0.05}})
@@ -138,7 +139,7 @@ def test_equal_scores_rank_the_lower_cluster_id_first():
     steady = Steady(torch.zeros(1, 1, 1, D), torch.zeros(1, 1, 1, D), torch.tensor([1]))
     prep = NumbaExecutor().prepare(view, CFG.for_layer(0), index)
     key = np.zeros(int(view.sizes.shape[-1]), np.float32)
-    retrieved, estimated = _zones(key, int(prep.retrieve[0]), int(prep.estimate[0]))
+    retrieved, estimated = split_zones(key, int(prep.retrieve[0]), int(prep.estimate[0]))
     r, e = len(retrieved), len(estimated)
     assert retrieved.tolist() == list(range(r)) and estimated.tolist() == list(range(r, r + e))
     out, _, stats = NumbaExecutor().run(index, view, steady, torch.ones(1, 1, 1, D), 1.0,
@@ -156,7 +157,7 @@ def test_zones_are_a_stable_sorts_prefixes(keys, data):
     r = data.draw(st.integers(0, valid))
     e = data.draw(st.integers(0, valid - r))
     order = np.argsort(key, kind="stable")
-    retrieved, estimated = _zones(key, r, e)
+    retrieved, estimated = split_zones(key, r, e)
     assert retrieved.tolist() == sorted(order[:r].tolist())
     assert estimated.tolist() == sorted(order[r:r + e].tolist())
 
