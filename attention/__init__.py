@@ -17,6 +17,8 @@ from attention.gqa import repeat_kv as repeat_kv
 from attention.prefill import prefill as prefill
 from attention.store_attention import DecodeStats as DecodeStats
 from attention.store_attention import StoreAttention as StoreAttention
+from attention.varlen import varlen_attention as varlen_attention
 
 __all__ = ["StoreAttention", "DecodeStats", "prefill", "decode", "ingest", "query_store",
-           "sdpa", "sdpa_lower_right", "causal_mask", "group_size", "repeat_kv"]
+           "sdpa", "sdpa_lower_right", "varlen_attention", "causal_mask", "group_size",
+           "repeat_kv"]

@@ -7,12 +7,14 @@ would save nothing; it is read whole, with flash attention where CUDA has it.
 
 - No row stores anything and none is padded: one batched SDPA call, the one
   transformers makes (:func:`attention.exact.sdpa`), so the outputs are bit-identical.
-- Otherwise row by row: the row's stored blocks (:meth:`vecstore.Sequence.kv_blocks`)
-  and its valid new tokens, laid out as one ``[Hkv, P + n, D]`` pair on the device
-  (:func:`attention.prefix.rows_on_device`, which copies rows held in pinned host memory
-  one row ahead on a side stream), attended by the row's ``n`` valid queries with a
-  lower-right causal mask (:func:`attention.exact.sdpa_lower_right`). Padding (left
-  padding, rows of different lengths) is never attended; padded queries get zeros.
+- Otherwise in groups of rows: each row's stored blocks (:meth:`vecstore.Sequence.kv_blocks`)
+  and its valid new tokens, packed with the group's other rows into one ``[Hkv, T, D]``
+  pair on the device (:func:`attention.prefix.groups_on_device`, which copies rows held in
+  pinned host memory one group ahead on a side stream), attended by the rows' valid
+  queries, each row's with a lower-right causal mask, in one call
+  (:func:`attention.varlen.varlen_attention`: FlashAttention-2's variable-length entry on
+  CUDA, row by row elsewhere). Padding (left padding, rows of different lengths) is never
+  attended; padded queries get zeros.
 
 The valid tokens are then appended to the store in whole index segments
 (``whole_segments``): a prompt is clustered in ``index.segment_tokens`` segments whatever
@@ -27,8 +29,9 @@ from __future__ import annotations
 import torch
 
 from attention.decode import ingest
-from attention.exact import sdpa, sdpa_lower_right
-from attention.prefix import Blocks, rows_on_device
+from attention.exact import sdpa
+from attention.prefix import Blocks, groups_on_device
+from attention.varlen import varlen_attention
 from vecstore import Sequence, Store
 from vecstore.checks import check_all_finite
 
@@ -101,20 +104,30 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
 def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, scale: float, valid: torch.Tensor | None,
                  softcap: float | None) -> torch.Tensor:
-    """Each row's valid queries over its stored tokens and its valid new ones."""
+    """Each row's valid queries over its stored tokens and its valid new ones, a group of
+    rows per attention call."""
     keep = _valid_tokens(valid, q.shape[0], q.shape[2])
     out = torch.zeros_like(q) if valid is not None else torch.empty_like(q)
     rows = [b for b, sel in enumerate(keep) if sel is not None]
     blocks: list[Blocks] = [
         [*seqs[b].kv_blocks(layer), (_take(k[b], keep[b]), _take(v[b], keep[b]))]
         for b in rows]
-    for b, (keys, values) in zip(rows, rows_on_device(blocks, q.device), strict=True):
-        sel = keep[b]
-        o = sdpa_lower_right(_take(q[b], sel), keys, values, scale=scale, softcap=softcap)
-        if isinstance(sel, slice):
-            out[b, :, sel] = o
-        else:
-            out[b].index_copy_(1, sel, o)
+    for group in groups_on_device(blocks, q.device):
+        batch = [rows[i] for i in group.rows]
+        queries = [_take(q[b], keep[b]).transpose(0, 1) for b in batch]  # [n, Hq, D] each
+        cu_q = [0]
+        for x in queries:
+            cu_q.append(cu_q[-1] + x.shape[0])
+        o = varlen_attention(queries[0] if len(queries) == 1 else torch.cat(queries),
+                             group.keys.transpose(0, 1), group.values.transpose(0, 1),
+                             cu_q=cu_q, cu_k=group.offsets, scale=scale, softcap=softcap)
+        for i, b in enumerate(batch):
+            part, sel = o[cu_q[i]:cu_q[i + 1]].transpose(0, 1), keep[b]
+            if isinstance(sel, slice):
+                out[b, :, sel] = part
+            else:
+                out[b].index_copy_(1, sel, part)
+        del group, o  # the next group's keys and values may take their memory
     return out
 
 

@@ -1,32 +1,52 @@
-"""One row's stored prefix and new tokens as one key and one value tensor on the device.
+"""Rows' stored prefixes and new tokens packed into key and value tensors on the device.
 
-A prefill chunk attends to every token its row stores (:meth:`vecstore.Sequence.kv_blocks`:
-indexed rows, sinks, tail) and to its own tokens in one attention call, so each row's
-blocks are copied into one ``[Hkv, S, D]`` pair, the new tokens last. Blocks held
-elsewhere (rows in pinned host memory, ``kvstore.kind = "pinned"``) are copied on a side
-CUDA stream one row ahead: the copy of row ``b + 1`` runs while row ``b`` is attended.
-Pinned rows are read by a kernel (:func:`vecstore.kvstore.row_transfer.copy_across`), not by
-DMA copies, which must each lie within one registration of the host memory.
+A prefill chunk attends to every token its rows store (:meth:`vecstore.Sequence.kv_blocks`:
+indexed rows, sinks, tail) and to their own tokens, in one attention call per group of
+rows (:func:`attention.varlen.varlen_attention`). Each group's rows are copied into one
+``[Hkv, T, D]`` pair, row after row, each row's new tokens last; a group holds at most
+:data:`GROUP_BYTES` of keys and values (one row at least), and the rows are split evenly
+over the fewest groups that fit. Blocks held elsewhere (rows in pinned host memory,
+``kvstore.kind = "pinned"``) are copied on a side CUDA stream one group ahead: the copy of
+group ``g + 1`` runs while group ``g`` is attended. Pinned rows are read by a kernel
+(:func:`vecstore.kvstore.row_transfer.copy_across`), not by DMA copies, which must each lie
+within one registration of the host memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cache
 
 import torch
 
 from vecstore.kvstore.row_transfer import copy_across
 
-__all__ = ["Blocks", "rows_on_device"]
+__all__ = ["GROUP_BYTES", "Blocks", "Group", "groups_on_device"]
 
 Blocks = list[tuple[torch.Tensor, torch.Tensor]]
 """``[Hkv, n, D]`` key and value blocks, in the order they are laid out."""
 
+GROUP_BYTES = 4 << 30
+"""The most bytes of keys and values one group packs (a row longer than that is a group
+of its own): the prefill's transient memory on the device, twice that when the rows are
+copied from host memory one group ahead."""
 
-def rows_on_device(rows: list[Blocks], device: torch.device,
-                   ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Each row's blocks concatenated on ``device``, row by row.
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Consecutive rows packed together: row ``rows[i]``'s tokens are
+    ``keys[:, offsets[i]:offsets[i + 1]]``."""
+
+    rows: range
+    keys: torch.Tensor
+    values: torch.Tensor
+    offsets: list[int]
+
+
+def groups_on_device(rows: list[Blocks], device: torch.device, *,
+                     max_bytes: int | None = None) -> Iterator[Group]:
+    """The rows' blocks packed on ``device``, group by group.
 
     Parameters
     ----------
@@ -34,63 +54,115 @@ def rows_on_device(rows: list[Blocks], device: torch.device,
         One list of blocks per row (at least one block each).
     device : torch.device
         Where the attention runs.
+    max_bytes : int | None
+        The most bytes of keys and values a group holds (``None``: :data:`GROUP_BYTES`).
 
     Yields
     ------
-    tuple[torch.Tensor, torch.Tensor]
-        ``[Hkv, S, D]`` keys and values of the row, ready on the current stream. A row
-        of one block already on ``device`` is yielded as is, without a copy.
+    Group
+        ``[Hkv, T, D]`` keys and values of consecutive rows, ready on the current stream.
+        A group of one row of one block already on ``device`` is that block, not a copy.
 
     Examples
     --------
     >>> a, b = torch.ones(2, 3, 4), torch.zeros(2, 1, 4)
-    >>> [tuple(k.shape) for k, _ in rows_on_device([[(a, a), (b, b)], [(b, b)]], a.device)]
-    [(2, 4, 4), (2, 1, 4)]
+    >>> [(g.rows, g.offsets) for g in groups_on_device([[(a, a), (b, b)], [(b, b)]], a.device)]
+    [(range(0, 2), [0, 4, 5])]
+    >>> [g.rows for g in groups_on_device([[(a, a)], [(a, a)], [(b, b)]], a.device,
+    ...                                   max_bytes=200)]
+    [range(0, 1), range(1, 2), range(2, 3)]
     """
     side = None
     if device.type == "cuda" and any(k.device != device for blocks in rows for k, _ in blocks):
         side = _side_stream(device)
+    spans = _spans([_nbytes(blocks) for blocks in rows],
+                   GROUP_BYTES if max_bytes is None else max_bytes)
     try:
-        ahead = _gather(rows[0], device, side) if rows else None
-        for i in range(len(rows)):
-            keys, values, ready = ahead  # type: ignore[misc]
-            # the next row's host copy is issued before this row is attended: they overlap
-            ahead = _gather(rows[i + 1], device, side) if i + 1 < len(rows) else None
+        ahead = _gather(rows, spans[0], device, side) if spans else None
+        for i in range(len(spans)):
+            group, ready = ahead  # type: ignore[misc]
+            more = i + 1 < len(spans)
+            # the next group's host copy is issued before this group is attended: they
+            # overlap (rows on the device are copied when their turn comes, so the device
+            # holds one group at a time, if the caller drops each before the next)
+            ahead = _gather(rows, spans[i + 1], device, side) if side is not None and more else None
             if ready is not None:
                 torch.cuda.current_stream(device).wait_event(ready)
-            yield keys, values
+            yield group
+            del group
+            if side is None and more:
+                ahead = _gather(rows, spans[i + 1], device, side)
     finally:
         if side is not None:
             side.synchronize()  # the host rows may be re-placed or freed once we return
 
 
-def _gather(blocks: Blocks, device: torch.device, side: torch.cuda.Stream | None,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
-    """Copy ``blocks`` into one new pair on ``device``; host blocks go through ``side``
-    (and the event to wait for before reading is returned)."""
-    k0, v0 = blocks[0]
+def _nbytes(blocks: Blocks) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in blocks)
+
+
+def _spans(sizes: list[int], max_bytes: int) -> list[range]:
+    """Consecutive rows in the fewest groups of at most ``max_bytes`` (a larger row alone),
+    as equal in bytes as that allows."""
+    fewest = _fill(sizes, max_bytes)
+    if len(fewest) < 2:
+        return fewest
+    # each row goes to the group its middle byte falls in, groups of equal bytes
+    share = sum(sizes) / len(fewest)
+    cut, held, marks = [], 0, []
+    for size in sizes:
+        marks.append(min(len(fewest) - 1, int((held + size / 2) // share)))
+        held += size
+    for i in range(1, len(sizes) + 1):
+        if i == len(sizes) or marks[i] != marks[i - 1]:
+            cut.append(i)
+    even = [range(a, b) for a, b in zip([0, *cut[:-1]], cut, strict=True)]
+    fits = all(len(r) == 1 or sum(sizes[i] for i in r) <= max_bytes for r in even)
+    return even if fits and len(even) == len(fewest) else fewest
+
+
+def _fill(sizes: list[int], max_bytes: int) -> list[range]:
+    """Consecutive rows, each group filled up to ``max_bytes`` before the next starts."""
+    spans, start, held = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and held + size > max_bytes:
+            spans.append(range(start, i))
+            start, held = i, 0
+        held += size
+    return [*spans, range(start, len(sizes))] if sizes else spans
+
+
+def _gather(rows: list[Blocks], span: range, device: torch.device,
+            side: torch.cuda.Stream | None) -> tuple[Group, torch.cuda.Event | None]:
+    """Copy the rows of ``span`` into one new pair on ``device``; host blocks go through
+    ``side`` (and the event to wait for before reading is returned)."""
+    lengths = [sum(k.shape[1] for k, _ in rows[r]) for r in span]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    k0, v0 = rows[span[0]][0]
+    if len(span) == 1 and len(rows[span[0]]) == 1 and k0.device == device:
+        return Group(span, k0, v0, offsets), None
     H, _, D = k0.shape
-    if len(blocks) == 1 and k0.device == device:
-        return k0, v0, None
-    S = sum(k.shape[1] for k, _ in blocks)
-    keys = torch.empty(H, S, D, dtype=k0.dtype, device=device)
-    values = torch.empty(H, S, D, dtype=v0.dtype, device=device)
+    keys = torch.empty(H, offsets[-1], D, dtype=k0.dtype, device=device)
+    values = torch.empty(H, offsets[-1], D, dtype=v0.dtype, device=device)
     ready, pos = None, 0
     if side is not None:
         # the new pair may reuse memory the current stream is still reading
         side.wait_stream(torch.cuda.current_stream(device))
-    for k, v in blocks:
-        n = k.shape[1]
-        if side is not None and k.device != device:
-            with torch.cuda.stream(side):
-                copy_across(k, keys[:, pos:pos + n])
-                copy_across(v, values[:, pos:pos + n])
-            ready = side.record_event()
-        else:
-            keys[:, pos:pos + n].copy_(k)
-            values[:, pos:pos + n].copy_(v)
-        pos += n
-    return keys, values, ready
+    for r in span:
+        for k, v in rows[r]:
+            n = k.shape[1]
+            if side is not None and k.device != device:
+                with torch.cuda.stream(side):
+                    copy_across(k, keys[:, pos:pos + n])
+                    copy_across(v, values[:, pos:pos + n])
+                ready = side.record_event()
+            else:
+                keys[:, pos:pos + n].copy_(k)
+                values[:, pos:pos + n].copy_(v)
+            pos += n
+    return Group(span, keys, values, offsets), ready
 
 
 @cache

@@ -6,32 +6,28 @@ only its ``seqused[b]`` keys from slot ``starts[b]`` on. Where each row starts a
 keys it uses are device tensors, so one CUDA graph captured for a batch serves every decode
 step: the kernel reads the filled length when it runs, never more than it.
 
-On CUDA it is FlashAttention-2 as vendored in PyTorch (``aten::_flash_attention_forward``,
-its variable-length entry with ``seqused_k`` -- what vLLM's flash backend calls through
-flash-attn's ``flash_attn_varlen_func``): grouped-query attention natively (the ``Hkv`` heads
-are read once for the ``Hq / Hkv`` query heads of their group, never repeated), split-KV
-("flash decoding") when each row has one query, so a batch of one still fills the GPU, and
-causal masks aligned to the end of each row (a prefill chunk sees the whole prefix and
-itself causally). Other ways to give a graph a device-side length were weighed and left:
-capturing one graph per length bucket re-captures every bucket and attends to the unfilled
-rest of a bucket (wrong unless masked, and flash takes no mask); masking by a device length
-with SDPA gives up the flash backend; ``flex_attention`` needs ``torch.compile`` and a block
-mask rebuilt per step. Elsewhere (CPU) a float32 torch reference with the same arguments
-and meaning runs, so the bookkeeping around the kernel is tested without a GPU.
-"""
+On CUDA it is :func:`attention.varlen.flash_forward`, FlashAttention-2 as vendored in
+PyTorch (``aten::_flash_attention_forward``, its variable-length entry with ``seqused_k`` --
+what vLLM's flash backend calls through flash-attn's ``flash_attn_varlen_func``):
+grouped-query attention natively (the ``Hkv`` heads are read once for the ``Hq / Hkv`` query
+heads of their group, never repeated), split-KV ("flash decoding") when each row has one
+query, so a batch of one still fills the GPU, and causal masks aligned to the end of each
+row (a prefill chunk sees the whole prefix and itself causally). Other ways to give a graph
+a device-side length were weighed and left: capturing one graph per length bucket
+re-captures every bucket and attends to the unfilled rest of a bucket (wrong unless masked,
+and flash takes no mask); masking by a device length with SDPA gives up the flash backend;
+``flex_attention`` needs ``torch.compile`` and a block mask rebuilt per step. Elsewhere
+(CPU) a float32 torch reference with the same arguments and meaning runs, so the bookkeeping
+around the kernel is tested without a GPU. """
 
 from __future__ import annotations
 
 import torch
 
+from attention.varlen import SPLITS_SUPPORTED, flash_forward
 from vecstore.errors import BackendUnavailableError
 
 __all__ = ["SPLITS_SUPPORTED", "flash_varlen", "varlen_reference"]
-
-SPLITS_SUPPORTED = any(a.name == "num_splits" for a in
-                       torch.ops.aten._flash_attention_forward.default._schema.arguments)
-"""Whether this PyTorch's flash attention takes ``num_splits`` (recent releases do; older
-ones choose the split themselves, as ``num_splits=0`` does)."""
 
 
 def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: torch.Tensor,
@@ -75,17 +71,16 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: tor
     torch.Tensor
         ``[B * max_q, Hq, D]`` in ``q``'s dtype; a query with no key to see gives zeros.
     """
-    if num_splits and not SPLITS_SUPPORTED:
-        raise BackendUnavailableError("num_splits: this PyTorch's flash attention chooses "
-                                      "the split itself; pass 0")
     if not q.is_cuda:
+        if num_splits and not SPLITS_SUPPORTED:
+            raise BackendUnavailableError("num_splits: this PyTorch's flash attention "
+                                          "chooses the split itself; pass 0")
         return varlen_reference(q, k, v, cu_k=cu_k, seqused=seqused, max_q=max_q,
                                 causal=causal, scale=scale)
     B, S, H, D = k.shape
-    extra = {"num_splits": num_splits} if num_splits else {}
-    return torch.ops.aten._flash_attention_forward(
-        q, k.view(B * S, H, D), v.view(B * S, H, D), cu_q, cu_k, max_q, S, 0.0, causal, False,
-        scale=scale, seqused_k=seqused, **extra)[0]
+    return flash_forward(q, k.view(B * S, H, D), v.view(B * S, H, D), cu_q=cu_q, cu_k=cu_k,
+                         max_q=max_q, max_k=S, causal=causal, scale=scale, seqused=seqused,
+                         num_splits=num_splits)
 
 
 def varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_k: torch.Tensor,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention import StoreAttention
+from attention import StoreAttention, prefix
 from tests.reference import rel_err
 from vecstore import Store
 
@@ -55,7 +55,11 @@ def _chunked(config, q, k, v, valid, chunk):
 
 @pytest.mark.parametrize("kind", ["memory", "pinned"])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4), (8, 1)])
-def test_chunks_over_a_stored_prefix_are_exact_at_default_budgets(kind, heads):
+@pytest.mark.parametrize("group_bytes", [None, 1])  # the batch in one call; row by row
+def test_chunks_over_a_stored_prefix_are_exact_at_default_budgets(kind, heads, group_bytes,
+                                                                  monkeypatch):
+    if group_bytes is not None:
+        monkeypatch.setattr(prefix, "GROUP_BYTES", group_bytes)
     lengths, T, chunk = [230, 171, 30], 230, 40  # row 2 is padding for three chunks
     q, k, v = _qkv(len(lengths), T, heads, seed=len(heads) + heads[1])
     valid = torch.arange(T)[None, :] >= torch.tensor([T - n for n in lengths])[:, None]
@@ -145,3 +149,20 @@ def test_a_nan_key_in_a_prefill_chunk_raises_and_stores_nothing(padded):
         with pytest.raises(InvalidValueError, match="keys: contains 1 NaN/Inf"):
             attn(0, q[:, :, 20:], bad, v[:, :, 20:], valid=valid[:, 20:] if padded else None)
         assert [s.num_tokens for s in seqs] == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["memory", "pinned"])
+def test_cuda_chunks_attended_by_flash_in_groups_are_exact(kind, monkeypatch):
+    monkeypatch.setattr(prefix, "GROUP_BYTES", 200_000)  # a late chunk: a group a row
+    lengths, T, chunk = [600, 451, 90], 600, 128
+    q, k, v = _qkv(len(lengths), T, (8, 2), D=64, seed=11)
+    valid = torch.arange(T)[None, :] >= torch.tensor([T - n for n in lengths])[:, None]
+    config = {**SMALL, "kvstore": {"kind": kind}, "executor": {"device": "cuda"}}
+    out, seqs = _chunked(config, *(t.cuda().bfloat16() for t in (q, k, v)), valid.cuda(),
+                         chunk)
+    for b, n in enumerate(lengths):
+        want = _reference(*(t.bfloat16().float() for t in (q[b], k[b], v[b])), valid[b])
+        assert rel_err(out[b].cpu(), want) < 2e-2
+        assert seqs[b].num_tokens == n
