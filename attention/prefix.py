@@ -6,8 +6,9 @@ rows (:func:`attention.varlen.varlen_attention`). Each group's rows are copied i
 ``[Hkv, T, D]`` pair, row after row, each row's new tokens last; a group holds at most
 :data:`GROUP_BYTES` of keys and values (one row at least), and the rows are split evenly
 over the fewest groups that fit. Blocks held elsewhere (rows in pinned host memory,
-``kvstore.kind = "pinned"``) are copied on a side CUDA stream one group ahead: the copy of
-group ``g + 1`` runs while group ``g`` is attended. Pinned rows are read by a kernel
+``kvstore.kind = "pinned"``) are copied on a side CUDA stream, a row a group, one row
+ahead: the copy of row ``b + 1`` crosses PCIe while row ``b`` is attended (those copies,
+not the GPU's occupancy, bound such a prefill). Pinned rows are read by a kernel
 (:func:`vecstore.kvstore.row_transfer.copy_across`), not by DMA copies, which must each lie
 within one registration of the host memory.
 """
@@ -55,7 +56,8 @@ def groups_on_device(rows: list[Blocks], device: torch.device, *,
     device : torch.device
         Where the attention runs.
     max_bytes : int | None
-        The most bytes of keys and values a group holds (``None``: :data:`GROUP_BYTES`).
+        The most bytes of keys and values a group holds (``None``: :data:`GROUP_BYTES`);
+        rows with blocks off ``device`` go one a group.
 
     Yields
     ------
@@ -75,8 +77,11 @@ def groups_on_device(rows: list[Blocks], device: torch.device, *,
     side = None
     if device.type == "cuda" and any(k.device != device for blocks in rows for k, _ in blocks):
         side = _side_stream(device)
-    spans = _spans([_nbytes(blocks) for blocks in rows],
-                   GROUP_BYTES if max_bytes is None else max_bytes)
+    # rows copied from host memory go one a group: PCIe, not the GPU's occupancy, bounds
+    # them, and each row's copy then overlaps the attention of the row before
+    spans = ([range(i, i + 1) for i in range(len(rows))] if side is not None else
+             _spans([_nbytes(blocks) for blocks in rows],
+                    GROUP_BYTES if max_bytes is None else max_bytes))
     try:
         ahead = _gather(rows, spans[0], device, side) if spans else None
         for i in range(len(spans)):

@@ -124,11 +124,24 @@ def test_flash_equals_each_rows_reference_on_cuda(heads):
                                   device="cuda")
     assert flash_applies(q, k)
     out = varlen_attention(q, k, v, cu_q=cu_q, cu_k=cu_k, scale=128 ** -0.5)
+    host = [t.cpu().float() for t in (q, k, v)]
     for b in range(len(lengths)):
-        want = _row_reference(q, k, v, cu_q, cu_k, b, 128 ** -0.5)
-        assert rel_err(out[cu_q[b]:cu_q[b + 1]].double(), want) < 2e-2
+        want = _row_reference(*host, cu_q, cu_k, b, 128 ** -0.5)
+        assert rel_err(out[cu_q[b]:cu_q[b + 1]].cpu().double(), want) < 2e-2
     # head-major packing, as groups_on_device lays rows out: keys seen token-major
     kh, vh = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
     strided = varlen_attention(q, kh.transpose(0, 1), vh.transpose(0, 1), cu_q=cu_q,
                                cu_k=cu_k, scale=128 ** -0.5)
     assert torch.equal(strided, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rows_from_host_memory_go_one_a_group_device_rows_together():
+    host = [[(torch.ones(2, 5, 8).pin_memory(), torch.ones(2, 5, 8).pin_memory())]] * 3
+    device = [[(torch.ones(2, 5, 8, device="cuda"), torch.ones(2, 5, 8, device="cuda"))]] * 3
+    cuda = torch.device("cuda")
+    assert [g.rows for g in groups_on_device(host, cuda)] == [range(i, i + 1) for i in range(3)]
+    groups = list(groups_on_device(device, cuda))
+    assert [g.rows for g in groups] == [range(0, 3)]
+    assert float(groups[0].keys.sum()) == 2 * 15 * 8
