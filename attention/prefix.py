@@ -74,6 +74,8 @@ def groups_on_device(rows: list[Blocks], device: torch.device, *,
     ...                                   max_bytes=200)]
     [range(0, 1), range(1, 2), range(2, 3)]
     """
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     side = None
     if device.type == "cuda" and any(k.device != device for blocks in rows for k, _ in blocks):
         side = _side_stream(device)
