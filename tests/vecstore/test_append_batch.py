@@ -30,20 +30,25 @@ def _kv(B: int, T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _state(seq, layer: int) -> list[torch.Tensor]:
     st_ = seq.layers[layer]
     return [st_.sink_keys, st_.sink_values, st_.pending_keys, st_.pending_values,
-            *[t for s in st_.segments for t in (s.keys, s.values)]]
+            *[t for s in st_.segments for t in (s.keys, s.values, s.offsets)],
+            *[s.meta[name] for s in st_.segments for name in sorted(s.meta)],
+            torch.tensor([(s.start, s.end) for s in st_.segments]).reshape(-1, 2)]
 
 
 @settings(max_examples=25, deadline=None)
 @given(B=st.integers(1, 4), steps=st.lists(st.integers(1, 20), min_size=1, max_size=5),
-       seed=st.integers(0, 2**16))
-def test_append_batch_equals_one_append_per_row(B, steps, seed):
-    with Store.open(config=CFG) as batched, Store.open(config=CFG) as single:
+       seed=st.integers(0, 2**16), kind=st.sampled_from(["wave", "quest", "flat"]),
+       whole=st.booleans())
+def test_append_batch_equals_one_append_per_row(B, steps, seed, kind, whole):
+    # the rows' new segments are built in one index build (vecstore.engine.batch_build)
+    config = {**CFG, "index": {**CFG["index"], "kind": kind}}
+    with Store.open(config=config) as batched, Store.open(config=config) as single:
         a, b = _seqs(batched, B), _seqs(single, B)
         for i, T in enumerate(steps):
             k, v = _kv(B, T, seed + i)
-            batched.append_batch(a, 1, k, v)
+            batched.append_batch(a, 1, k, v, whole_segments=whole)
             for row, seq in enumerate(b):
-                seq.append(1, k[row], v[row])
+                seq.append(1, k[row], v[row], whole_segments=whole)
         q = torch.randn(B, 2 * H, 1, D, generator=torch.Generator().manual_seed(seed))
         for x, y in zip(a, b, strict=True):
             assert x.tokens(1) == y.tokens(1) == sum(steps) and x.tokens(0) == 0

@@ -8,6 +8,7 @@ from vecstore.config import StoreConfig
 from vecstore.engine.layer_image import LayerImage, place_segments
 from vecstore.engine.layer_lineage import new_lineage
 from vecstore.engine.layer_mark import LayerMark
+from vecstore.engine.layer_staging import StagedAppend
 from vecstore.engine.tail import PendingTail, TailBuffer, TailHolder
 from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import StoredRows
@@ -108,6 +109,13 @@ class LayerState(TailHolder):
         segments, so a prompt is segmented as configured whatever its chunks; the rest
         waits in the tail for a later append (the first decode step's at the latest).
         """
+        staged = self.stage(keys, values, whole_segments=whole_segments)
+        return self.commit(staged, self.build(staged))
+
+    def stage(self, keys: torch.Tensor, values: torch.Tensor, *,
+              whole_segments: bool = False) -> StagedAppend:
+        """What :meth:`append` would do, worked out without changing the layer: its
+        steady zone after the append and the tail tokens it indexes (``ready``)."""
         a = self.config.attention
         sink_keys, sink_values = self.sink_keys, self.sink_values
         room = a.sink_tokens - sink_keys.shape[1]
@@ -117,40 +125,54 @@ class LayerState(TailHolder):
             keys, values = keys[:, room:], values[:, room:]
         pending_keys = torch.cat([self.pending_keys, keys], dim=1)
         pending_values = torch.cat([self.pending_values, values], dim=1)
-        return self._index_tail(sink_keys, sink_values, pending_keys, pending_values,
+        return self._stage_tail(sink_keys, sink_values, pending_keys, pending_values,
                                 a.update_tokens, whole_segments)
+
+    def build(self, staged: StagedAppend) -> list[Segment]:
+        """The segments indexing ``staged``'s ready tokens (none if there are none)."""
+        if not staged.ready:
+            return []
+        keys, values = staged.ready_tokens()
+        return self.index.build(keys, values, staged.start)
+
+    def commit(self, staged: StagedAppend, built: list[Segment]) -> list[Segment]:
+        """Make ``staged`` the layer's, ``built`` (:meth:`build`'s segments of it) indexed
+        and placed; returns them as the layer holds them. A placement that does not fit
+        raises :class:`~vecstore.errors.CapacityError` and changes nothing."""
+        pending_keys, pending_values = staged.pending_keys, staged.pending_values
+        image = None
+        if built:
+            pending_keys = pending_keys[:, staged.ready:].contiguous()
+            pending_values = pending_values[:, staged.ready:].contiguous()
+            image = self._place(self.segments + built)  # may raise: nothing changed yet
+        self.sink_keys, self.sink_values = staged.sink_keys, staged.sink_values
+        self._tail.set(pending_keys, pending_values)
+        if built:
+            self.tail_buffer = None  # the tail is a tensor of its own now
+            self._install(self.segments + built, image)
+            built = self.segments[-len(built):]
+        return built
 
     def seal(self) -> list[Segment]:
         """Index every tail token but the last ``window_tokens`` now, however few (at the
         end of a prefill, so the rows of a batch keep equally long tails); returns the
         segments created."""
-        return self._index_tail(self.sink_keys, self.sink_values, self.pending_keys,
-                                self.pending_values, 1, False)
+        staged = self._stage_tail(self.sink_keys, self.sink_values, self.pending_keys,
+                                  self.pending_values, 1, False)
+        return self.commit(staged, self.build(staged))
 
-    def _index_tail(self, sink_keys: torch.Tensor, sink_values: torch.Tensor,
+    def _stage_tail(self, sink_keys: torch.Tensor, sink_values: torch.Tensor,
                     pending_keys: torch.Tensor, pending_values: torch.Tensor,
-                    at_least: int, whole_segments: bool) -> list[Segment]:
-        """Make ``sink_*`` and ``pending_*`` the layer's, first indexing all but the last
-        ``window_tokens`` of the tail (only whole ``index.segment_tokens`` segments of
-        them, with ``whole_segments``) if that leaves ``at_least`` tokens to index."""
+                    at_least: int, whole_segments: bool) -> StagedAppend:
+        """``sink_*`` and ``pending_*`` to become the layer's, all but the last
+        ``window_tokens`` of the tail ready to index (only whole ``index.segment_tokens``
+        segments of them, with ``whole_segments``) if that leaves ``at_least`` tokens."""
         ready = pending_keys.shape[1] - self.config.attention.window_tokens
         if whole_segments:
             ready -= ready % self.config.index.segment_tokens
-        new: list[Segment] = []
-        image = None
-        if ready >= at_least:
-            start = sink_keys.shape[1] + self.num_indexed
-            new = self.index.build(pending_keys[:, :ready], pending_values[:, :ready], start)
-            pending_keys = pending_keys[:, ready:].contiguous()
-            pending_values = pending_values[:, ready:].contiguous()
-            image = self._place(self.segments + new)  # may raise: nothing changed yet
-        self.sink_keys, self.sink_values = sink_keys, sink_values
-        self._tail.set(pending_keys, pending_values)
-        if new:
-            self.tail_buffer = None  # the tail is a tensor of its own now
-            self._install(self.segments + new, image)
-            new = self.segments[-len(new):]
-        return new
+        return StagedAppend(sink_keys, sink_values, pending_keys, pending_values,
+                            ready if ready >= at_least else 0,
+                            sink_keys.shape[1] + self.num_indexed)
 
     def add_segments(self, segments: list[Segment]) -> None:
         """Attach already-built segments (appends and reopened stores); with a placement

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vecstore.checks import check_all_finite, check_tensor
+from vecstore.engine.batch_build import build_together
 from vecstore.engine.query_engine import QueryEngine
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import append_tails
@@ -64,8 +65,11 @@ class Writer:
             # a decode step of equal tails: two copies for the batch (vecstore.engine.shared_tail)
             if whole_segments or not append_tails(states, keys, values, a.window_tokens,
                                                   a.update_tokens, a.sink_tokens):
-                for b, state in enumerate(states):
-                    state.append(keys[b], values[b], whole_segments=whole_segments)
+                staged = [state.stage(keys[b], values[b], whole_segments=whole_segments)
+                          for b, state in enumerate(states)]
+                built = build_together(states, staged)
+                for state, st, new in zip(states, staged, built, strict=True):
+                    state.commit(st, new)
         finally:
             self._queries.retire_replaced(states)
 

@@ -162,6 +162,10 @@ class Index(Protocol):
     def build(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> list[Segment]:
         """Index tokens ``[start, start + N)``.
 
+        Every head is indexed on its own: the rows of several sequences stacked along the
+        head axis (``[B * Hkv, N, D]``) build each sequence's segments stacked the same way
+        (a batch's segments are built in one call, :mod:`vecstore.engine.batch_build`).
+
         Parameters
         ----------
         keys, values : torch.Tensor
