@@ -9,8 +9,8 @@ would save nothing; it is read whole, with flash attention where CUDA has it.
   transformers makes (:func:`attention.exact.sdpa`), so the outputs are bit-identical.
 - Otherwise in groups of rows: each row's stored blocks (:meth:`vecstore.Sequence.kv_blocks`)
   and its valid new tokens, packed with the group's other rows into one ``[Hkv, T, D]``
-  pair on the device (:func:`attention.prefix.groups_on_device`, which copies rows held in
-  pinned host memory one group ahead on a side stream), attended by the rows' valid
+  pair on the device (:func:`attention.prefix.groups_on_device`; rows held in pinned host
+  memory go one a group, copied one row ahead on a side stream), attended by the rows' valid
   queries, each row's with a lower-right causal mask, in one call
   (:func:`attention.varlen.varlen_attention`: FlashAttention-2's variable-length entry on
   CUDA, row by row elsewhere). Padding (left padding, rows of different lengths) is never

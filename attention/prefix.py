@@ -30,8 +30,7 @@ Blocks = list[tuple[torch.Tensor, torch.Tensor]]
 
 GROUP_BYTES = 4 << 30
 """The most bytes of keys and values one group packs (a row longer than that is a group
-of its own): the prefill's transient memory on the device, twice that when the rows are
-copied from host memory one group ahead."""
+of its own): the prefill's transient memory on the device."""
 
 
 @dataclass(frozen=True, slots=True)

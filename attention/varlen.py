@@ -11,8 +11,8 @@ of the H200's 132 SMs); packing the rows of a batch into one call fills it.
   in place (the ``Hkv`` heads are never repeated), causal masks aligned to the end of each
   row, keys and values in any layout whose last dimension is contiguous.
 - :func:`varlen_attention` takes the rows' offsets as host integers and runs one
-  :func:`flash_forward` where it applies (:func:`flash_applies`: CUDA, float16 or
-  bfloat16, a head dim that is a multiple of 8 up to 256, no logit soft-cap), and row by
+  :func:`flash_forward` where it applies (:func:`flash_applies`: CUDA from sm_80, float16
+  or bfloat16, a head dim that is a multiple of 8 up to 256, no logit soft-cap), and row by
   row through :func:`attention.exact.sdpa_lower_right` elsewhere, with the same meaning.
 """
 
@@ -41,7 +41,8 @@ def flash_applies(q: torch.Tensor, k: torch.Tensor, *, softcap: float | None = N
     """
     D = q.shape[-1]
     return (q.is_cuda and softcap is None and q.dtype in (torch.float16, torch.bfloat16)
-            and k.dtype == q.dtype and D % 8 == 0 and D <= 256)
+            and k.dtype == q.dtype and D % 8 == 0 and D <= 256
+            and torch.cuda.get_device_capability(q.device) >= (8, 0))
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: torch.Tensor,
