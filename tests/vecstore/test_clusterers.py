@@ -50,3 +50,15 @@ def test_torch_assignment_breaks_ties_towards_the_lower_centroid_on_the_cpu():
                                                   .manual_seed(0)), dim=-1)
     c[0, 4] = c[0, 1]  # a duplicate centroid: its points go to the lower id
     assert _nearest_by_bmm(c[:, [1, 4, 5]] * 3.0, c).tolist() == [[1, 1, 5]]
+
+
+@pytest.mark.parametrize("block", [1, 50, 1 << 20])  # a point a block, a few, one block
+def test_cpu_assignment_in_blocks_of_points_equals_the_whole_score_matrix(block, monkeypatch):
+    from vecstore.cluster import torch_kmeans
+
+    monkeypatch.setattr(torch_kmeans, "_CPU_BLOCK_ELEMENTS", block)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.nn.functional.normalize(torch.randn(3, 37, 8, generator=gen), dim=-1)
+    c = torch.nn.functional.normalize(torch.randn(3, 5, 8, generator=gen), dim=-1)
+    want = torch.einsum("pnd,pkd->pnk", x.double(), c.double()).argmax(-1)
+    assert torch.equal(torch_kmeans._nearest_by_bmm(x, c), want)

@@ -14,6 +14,10 @@ __all__ = ["TorchClusterer"]
 
 # Score tensors [P, n, k] are computed this many problems at a time, bounding memory.
 _MAX_SCORE_ELEMENTS = 1 << 26
+# On the CPU a block of scores this large (4 MB) is computed and reduced while it is in
+# cache: one [3, 6974, 436] score tensor written whole and read back took 39 ms, in blocks
+# 17.6 ms (bmm + max, two cores; 134 -> 74 ms at [8, 8192, 512])
+_CPU_BLOCK_ELEMENTS = 1 << 20
 
 Nearest = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -25,7 +29,8 @@ class TorchClusterer:
 
     On a CUDA device with Triton the assignment is one kernel
     (:func:`vecstore.kernels.nearest_centroid.nearest_centroid`: TF32 dots, no score tensor);
-    elsewhere ``bmm`` + ``argmax`` in float32, a bounded number of problems at a time.
+    elsewhere ``bmm`` + ``argmax`` in float32, a bounded number of problems at a time (on
+    the CPU in blocks of points whose scores stay in cache).
     Empty clusters keep their previous centroid, so an assignment never points at a
     centroid that was not updated from data or initialisation.
 
@@ -77,7 +82,12 @@ class TorchClusterer:
 def _nearest_by_bmm(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     # max(-1).indices, not argmax(-1): the same first index of the maximum, and on the CPU
     # ~20x faster over the last dim (0.4 against 8 ms for [3, 5900, 369] on two cores)
-    return torch.bmm(x, c.transpose(1, 2)).max(-1).indices
+    ct = c.transpose(1, 2)
+    if x.device.type != "cpu":
+        return torch.bmm(x, ct).max(-1).indices
+    step = max(1, _CPU_BLOCK_ELEMENTS // max(1, x.shape[0] * c.shape[1]))
+    return torch.cat([torch.bmm(x[:, i:i + step], ct).max(-1).indices
+                      for i in range(0, x.shape[1], step)], dim=1)
 
 
 def _kernel_fits(x: torch.Tensor) -> bool:
