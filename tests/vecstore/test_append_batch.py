@@ -181,3 +181,22 @@ def test_a_decode_step_of_a_batch_shares_one_tail_buffer():
         moved = seqs[3].layers[0]
         moved.to(torch.device("meta"))  # its tail is a new tensor there: the link goes
         assert moved.tail_buffer is None and seqs[0].layers[0].tail_buffer is first
+
+
+@pytest.mark.parametrize("lengths", [[70, 70, 70], [70, 45, 70]])
+def test_sealing_a_batch_equals_sealing_each_row(lengths):
+    # rows with as many tail tokens to index are built in one index build
+    with Store.open(config=CFG) as batched, Store.open(config=CFG) as single:
+        a, b = _seqs(batched, len(lengths)), _seqs(single, len(lengths))
+        for row, n in enumerate(lengths):
+            k, v = _kv(1, n, row)
+            for seq in (a[row], b[row]):
+                seq.append(1, k[0], v[0], whole_segments=True)
+        batched.seal(a, 1)
+        for seq in b:
+            single.seal([seq], 1)
+        for x, y in zip(a, b, strict=True):
+            assert x.layers[1].pending_keys.shape[1] == CFG["attention"]["window_tokens"]
+            got, want = _state(x, 1), _state(y, 1)
+            assert len(got) == len(want)
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -18,7 +18,7 @@ from vecstore.engine.layer_staging import StagedAppend
 from vecstore.engine.layer_state import LayerState
 from vecstore.index.base import Segment
 
-__all__ = ["build_together"]
+__all__ = ["build_together", "commit_together"]
 
 
 def build_together(states: list[LayerState], staged: list[StagedAppend]) -> list[list[Segment]]:
@@ -60,6 +60,16 @@ def build_together(states: list[LayerState], staged: list[StagedAppend]) -> list
             built[i] = [_heads_of(s, slice(j * H, (j + 1) * H), staged[i].start)
                         for s in segments]
     return built
+
+
+def commit_together(states: list[LayerState], staged: list[StagedAppend]) -> None:
+    """Build the staged appends' segments together (:func:`build_together`), then commit
+    each to its layer, in order; a placement that does not fit raises
+    :class:`~vecstore.errors.CapacityError` with the layers before it committed (the
+    store's transaction rolls them back)."""
+    built = build_together(states, staged)
+    for state, st, new in zip(states, staged, built, strict=True):
+        state.commit(st, new)
 
 
 def _heads_of(segment: Segment, heads: slice, start: int) -> Segment:

@@ -157,9 +157,13 @@ class LayerState(TailHolder):
         """Index every tail token but the last ``window_tokens`` now, however few (at the
         end of a prefill, so the rows of a batch keep equally long tails); returns the
         segments created."""
-        staged = self._stage_tail(self.sink_keys, self.sink_values, self.pending_keys,
-                                  self.pending_values, 1, False)
+        staged = self.stage_seal()
         return self.commit(staged, self.build(staged))
+
+    def stage_seal(self) -> StagedAppend:
+        """What :meth:`seal` would do, worked out without changing the layer."""
+        return self._stage_tail(self.sink_keys, self.sink_values, self.pending_keys,
+                                self.pending_values, 1, False)
 
     def _stage_tail(self, sink_keys: torch.Tensor, sink_values: torch.Tensor,
                     pending_keys: torch.Tensor, pending_values: torch.Tensor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vecstore.checks import check_all_finite, check_tensor
-from vecstore.engine.batch_build import build_together
+from vecstore.engine.batch_build import commit_together
 from vecstore.engine.query_engine import QueryEngine
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.shared_tail import append_tails
@@ -65,11 +65,9 @@ class Writer:
             # a decode step of equal tails: two copies for the batch (vecstore.engine.shared_tail)
             if whole_segments or not append_tails(states, keys, values, a.window_tokens,
                                                   a.update_tokens, a.sink_tokens):
-                staged = [state.stage(keys[b], values[b], whole_segments=whole_segments)
-                          for b, state in enumerate(states)]
-                built = build_together(states, staged)
-                for state, st, new in zip(states, staged, built, strict=True):
-                    state.commit(st, new)
+                commit_together(states, [
+                    state.stage(keys[b], values[b], whole_segments=whole_segments)
+                    for b, state in enumerate(states)])
         finally:
             self._queries.retire_replaced(states)
 
@@ -77,9 +75,9 @@ class Writer:
         """:meth:`Store.seal <vecstore.engine.store.Store.seal>`; ``seqs`` checked
         (:meth:`QueryEngine.check_seqs`)."""
         states = [seq.layers[layer] for seq in seqs]
+        for seq in seqs:
+            txn.touch(seq, layer)
         try:
-            for seq, state in zip(seqs, states, strict=True):
-                txn.touch(seq, layer)
-                state.seal()
+            commit_together(states, [state.stage_seal() for state in states])
         finally:
             self._queries.retire_replaced(states)
