@@ -8,8 +8,9 @@ would save nothing; it is read whole, with flash attention where CUDA has it.
 - No row stores anything and none is padded: one batched SDPA call, the one
   transformers makes (:func:`attention.exact.sdpa`), so the outputs are bit-identical.
 - Otherwise in groups of rows: each row's stored blocks (:meth:`vecstore.Sequence.kv_blocks`)
-  and its valid new tokens, packed with the group's other rows into one ``[Hkv, T, D]``
-  pair on the device (:func:`attention.prefix.groups_on_device`; rows held in pinned host
+  and its valid new tokens, packed with the group's other rows (up to
+  ``attention.prefill_group_gb`` of keys and values) into one ``[Hkv, T, D]`` pair on the
+  device (:func:`attention.prefix.groups_on_device`; rows held in pinned host
   memory go one a group, copied one row ahead on a side stream), attended by the rows' valid
   queries, each row's with a lower-right causal mask, in one call
   (:func:`attention.varlen.varlen_attention`: FlashAttention-2's variable-length entry on
@@ -96,23 +97,24 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     if valid is None and all(s.tokens(layer) == 0 for s in seqs):
         out = sdpa(q, k, v, scale=scale, valid=None, softcap=softcap)
     else:
-        out = _attend_rows(seqs, layer, q, k, v, scale, valid, softcap)
+        group_bytes = int(store.config.attention.prefill_group_gb * 2**30)
+        out = _attend_rows(seqs, layer, q, k, v, scale, valid, softcap, group_bytes)
     ingest(store, seqs, layer, k, v, valid, finite=False, whole_segments=True)
     return out
 
 
 def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, scale: float, valid: torch.Tensor | None,
-                 softcap: float | None) -> torch.Tensor:
+                 softcap: float | None, group_bytes: int) -> torch.Tensor:
     """Each row's valid queries over its stored tokens and its valid new ones, a group of
-    rows per attention call."""
+    rows (up to ``group_bytes`` of keys and values) per attention call."""
     keep = _valid_tokens(valid, q.shape[0], q.shape[2])
     out = torch.zeros_like(q) if valid is not None else torch.empty_like(q)
     rows = [b for b, sel in enumerate(keep) if sel is not None]
     blocks: list[Blocks] = [
         [*seqs[b].kv_blocks(layer), (_take(k[b], keep[b]), _take(v[b], keep[b]))]
         for b in rows]
-    for group in groups_on_device(blocks, q.device):
+    for group in groups_on_device(blocks, q.device, max_bytes=group_bytes):
         batch = [rows[i] for i in group.rows]
         queries = [_take(q[b], keep[b]).transpose(0, 1) for b in batch]  # [n, Hq, D] each
         cu_q = [0]

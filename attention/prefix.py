@@ -4,8 +4,8 @@ A prefill chunk attends to every token its rows store (:meth:`vecstore.Sequence.
 indexed rows, sinks, tail) and to their own tokens, in one attention call per group of
 rows (:func:`attention.varlen.varlen_attention`). Each group's rows are copied into one
 ``[Hkv, T, D]`` pair, row after row, each row's new tokens last; a group holds at most
-:data:`GROUP_BYTES` of keys and values (one row at least), and the rows are split evenly
-over the fewest groups that fit. Blocks held elsewhere (rows in pinned host memory,
+``attention.prefill_group_gb`` of keys and values (one row at least), and the rows are
+split evenly over the fewest groups that fit. Blocks held elsewhere (rows in pinned host memory,
 ``kvstore.kind = "pinned"``) are copied on a side CUDA stream, a row a group, one row
 ahead: the copy of row ``b + 1`` crosses PCIe while row ``b`` is attended (those copies,
 not the GPU's occupancy, bound such a prefill). Pinned rows are read by a kernel
@@ -23,15 +23,10 @@ import torch
 
 from vecstore.kvstore.row_transfer import copy_across
 
-__all__ = ["GROUP_BYTES", "Blocks", "Group", "groups_on_device"]
+__all__ = ["Blocks", "Group", "groups_on_device"]
 
 Blocks = list[tuple[torch.Tensor, torch.Tensor]]
 """``[Hkv, n, D]`` key and value blocks, in the order they are laid out."""
-
-GROUP_BYTES = 4 << 30
-"""The most bytes of keys and values one group packs (a row longer than that is a group
-of its own): the prefill's transient memory on the device."""
-
 
 @dataclass(frozen=True, slots=True)
 class Group:
@@ -45,7 +40,7 @@ class Group:
 
 
 def groups_on_device(rows: list[Blocks], device: torch.device, *,
-                     max_bytes: int | None = None) -> Iterator[Group]:
+                     max_bytes: int) -> Iterator[Group]:
     """The rows' blocks packed on ``device``, group by group.
 
     Parameters
@@ -54,9 +49,9 @@ def groups_on_device(rows: list[Blocks], device: torch.device, *,
         One list of blocks per row (at least one block each).
     device : torch.device
         Where the attention runs.
-    max_bytes : int | None
-        The most bytes of keys and values a group holds (``None``: :data:`GROUP_BYTES`);
-        rows with blocks off ``device`` go one a group.
+    max_bytes : int
+        The most bytes of keys and values a group holds (a larger row alone; 0: every
+        row alone); rows with blocks off ``device`` go one a group.
 
     Yields
     ------
@@ -67,7 +62,8 @@ def groups_on_device(rows: list[Blocks], device: torch.device, *,
     Examples
     --------
     >>> a, b = torch.ones(2, 3, 4), torch.zeros(2, 1, 4)
-    >>> [(g.rows, g.offsets) for g in groups_on_device([[(a, a), (b, b)], [(b, b)]], a.device)]
+    >>> rows = [[(a, a), (b, b)], [(b, b)]]
+    >>> [(g.rows, g.offsets) for g in groups_on_device(rows, a.device, max_bytes=1 << 20)]
     [(range(0, 2), [0, 4, 5])]
     >>> [g.rows for g in groups_on_device([[(a, a)], [(a, a)], [(b, b)]], a.device,
     ...                                   max_bytes=200)]
@@ -81,8 +77,7 @@ def groups_on_device(rows: list[Blocks], device: torch.device, *,
     # rows copied from host memory go one a group: PCIe, not the GPU's occupancy, bounds
     # them, and each row's copy then overlaps the attention of the row before
     spans = ([range(i, i + 1) for i in range(len(rows))] if side is not None else
-             _spans([_nbytes(blocks) for blocks in rows],
-                    GROUP_BYTES if max_bytes is None else max_bytes))
+             _spans([_nbytes(blocks) for blocks in rows], max_bytes))
     try:
         ahead = _gather(rows, spans[0], device, side) if spans else None
         for i in range(len(spans)):

@@ -91,6 +91,10 @@ class AttentionConfig:
     update_tokens : int
         Decode tokens kept in the steady zone before they are clustered into a new
         segment (1024).
+    prefill_group_gb : float
+        Most GiB of keys and values a prefill chunk packs for one attention call over a
+        group of rows' stored prefixes (4.0; a longer row is a group of its own): the
+        prefill's scratch memory on the device (:mod:`attention.prefix`).
     """
 
     sink_tokens: int = 4
@@ -98,6 +102,7 @@ class AttentionConfig:
     retrieval_budget: float = 0.018
     estimation_budget: float = 0.232
     update_tokens: int = 1024
+    prefill_group_gb: float = 4.0
 
     def __post_init__(self) -> None:
         check_fields(self, "attention")
@@ -108,6 +113,7 @@ class AttentionConfig:
         require(0.0 <= self.estimation_budget <= 1.0, "attention.estimation_budget",
                f"must be in [0, 1], got {self.estimation_budget}")
         require(self.update_tokens >= 1, "attention.update_tokens", "must be >= 1")
+        require(self.prefill_group_gb >= 0, "attention.prefill_group_gb", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention import StoreAttention, prefix
+from attention import StoreAttention
 from tests.reference import rel_err
 from vecstore import Store
 
@@ -55,15 +55,14 @@ def _chunked(config, q, k, v, valid, chunk):
 
 @pytest.mark.parametrize("kind", ["memory", "pinned"])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4), (8, 1)])
-@pytest.mark.parametrize("group_bytes", [None, 1])  # the batch in one call; row by row
-def test_chunks_over_a_stored_prefix_are_exact_at_default_budgets(kind, heads, group_bytes,
-                                                                  monkeypatch):
-    if group_bytes is not None:
-        monkeypatch.setattr(prefix, "GROUP_BYTES", group_bytes)
+@pytest.mark.parametrize("group_gb", [4.0, 0.0])  # the batch in one call; row by row
+def test_chunks_over_a_stored_prefix_are_exact_at_default_budgets(kind, heads, group_gb):
     lengths, T, chunk = [230, 171, 30], 230, 40  # row 2 is padding for three chunks
     q, k, v = _qkv(len(lengths), T, heads, seed=len(heads) + heads[1])
     valid = torch.arange(T)[None, :] >= torch.tensor([T - n for n in lengths])[:, None]
-    out, seqs = _chunked({**SMALL, "kvstore": {"kind": kind}}, q, k, v, valid, chunk)
+    config = {**SMALL, "kvstore": {"kind": kind},
+              "attention": {**SMALL["attention"], "prefill_group_gb": group_gb}}
+    out, seqs = _chunked(config, q, k, v, valid, chunk)
     for b, n in enumerate(lengths):
         assert rel_err(out[b], _reference(q[b], k[b], v[b], valid[b])) < 1e-5
         assert torch.equal(out[b, :, :T - n], torch.zeros_like(out[b, :, :T - n]))
@@ -154,12 +153,13 @@ def test_a_nan_key_in_a_prefill_chunk_raises_and_stores_nothing(padded):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["memory", "pinned"])
-def test_cuda_chunks_attended_by_flash_in_groups_are_exact(kind, monkeypatch):
-    monkeypatch.setattr(prefix, "GROUP_BYTES", 200_000)  # a late chunk: a group a row
+def test_cuda_chunks_attended_by_flash_in_groups_are_exact(kind):
     lengths, T, chunk = [600, 451, 90], 600, 128
     q, k, v = _qkv(len(lengths), T, (8, 2), D=64, seed=11)
     valid = torch.arange(T)[None, :] >= torch.tensor([T - n for n in lengths])[:, None]
-    config = {**SMALL, "kvstore": {"kind": kind}, "executor": {"device": "cuda"}}
+    # 200 KB a group: early chunks' rows together, a late chunk's a group a row
+    config = {**SMALL, "kvstore": {"kind": kind}, "executor": {"device": "cuda"},
+              "attention": {**SMALL["attention"], "prefill_group_gb": 200e3 / 2**30}}
     out, seqs = _chunked(config, *(t.cuda().bfloat16() for t in (q, k, v)), valid.cuda(),
                          chunk)
     for b, n in enumerate(lengths):

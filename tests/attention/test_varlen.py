@@ -112,7 +112,7 @@ def test_groups_pack_every_row_once_in_the_fewest_groups_within_the_bound(length
 
 def test_a_lone_row_on_the_device_is_not_copied():
     k = torch.randn(2, 5, 4)
-    (group,) = groups_on_device([[(k, k)]], CPU)
+    (group,) = groups_on_device([[(k, k)]], CPU, max_bytes=1 << 20)
     assert group.keys is k and group.offsets == [0, 5]
 
 
@@ -141,7 +141,8 @@ def test_rows_from_host_memory_go_one_a_group_device_rows_together():
     host = [[(torch.ones(2, 5, 8).pin_memory(), torch.ones(2, 5, 8).pin_memory())]] * 3
     device = [[(torch.ones(2, 5, 8, device="cuda"), torch.ones(2, 5, 8, device="cuda"))]] * 3
     cuda = torch.device("cuda")
-    assert [g.rows for g in groups_on_device(host, cuda)] == [range(i, i + 1) for i in range(3)]
-    groups = list(groups_on_device(device, cuda))
+    alone = [range(i, i + 1) for i in range(3)]
+    assert [g.rows for g in groups_on_device(host, cuda, max_bytes=1 << 20)] == alone
+    groups = list(groups_on_device(device, cuda, max_bytes=1 << 20))
     assert [g.rows for g in groups] == [range(0, 3)]
     assert float(groups[0].keys.sum()) == 2 * 15 * 8

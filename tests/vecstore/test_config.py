@@ -19,6 +19,7 @@ def test_defaults_follow_the_design():
                                                                                           8192, 10)
     assert (c.attention.retrieval_budget, c.attention.estimation_budget) == (0.018, 0.232)
     assert (c.attention.update_tokens, c.cache.policy, c.cache.capacity) == (1024, "lru", 0.05)
+    assert c.attention.prefill_group_gb == 4.0
 
 
 @pytest.mark.parametrize("data,match", [
@@ -30,6 +31,8 @@ def test_defaults_follow_the_design():
     ({"attention": {"estimation_budget": 1.5}}, r"attention\.estimation_budget"),
     ({"attention": {"sink_tokens": -1}}, r"attention\.sink_tokens"),
     ({"attention": {"window_tokens": "64"}}, r"attention\.window_tokens: expected an integer"),
+    ({"attention": {"prefill_group_gb": -1}}, r"attention\.prefill_group_gb: must be >= 0"),
+    ({"attention": {"prefill_group_gb": float("nan")}}, r"attention\.prefill_group_gb"),
     ({"index": {"tokens_per_cluster": 0}}, r"index\.tokens_per_cluster"),
     ({"index": {"segment_tokens": 8, "tokens_per_cluster": 16}}, r"index\.segment_tokens"),
     ({"cache": {"capacity": 2.0}}, r"cache\.capacity"),
