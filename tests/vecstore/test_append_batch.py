@@ -200,3 +200,29 @@ def test_sealing_a_batch_equals_sealing_each_row(lengths):
             got, want = _state(x, 1), _state(y, 1)
             assert len(got) == len(want)
             assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_rows_reaching_a_segment_boundary_together_are_built_in_one_index_build():
+    with Store.open(config=CFG) as store:
+        seqs = _seqs(store, 3)
+        index = seqs[0].layers[1].index
+        calls = []
+        build = index.build
+
+        def counted(keys, values, start):
+            calls.append(keys.shape[0])
+            return build(keys, values, start)
+
+        index.build = counted
+        try:
+            k, v = _kv(3, 70, 4)
+            store.append_batch(seqs, 1, k, v, whole_segments=True)
+            assert calls == [3 * H]  # the three rows' heads stacked, one call
+            k, v = _kv(2, 70, 5)
+            store.append_batch(seqs[:2], 1, k, v, whole_segments=True)
+            store.append_batch(seqs[2:], 1, k[:1, :, :30], v[:1, :, :30],
+                               whole_segments=True)
+            store.seal(seqs, 1)  # two rows with as many tail tokens, one with more
+            assert calls[1:] == [2 * H, H, 2 * H, H]
+        finally:
+            del index.build
