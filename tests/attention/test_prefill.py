@@ -4,6 +4,8 @@ the chunks are indexed in whole segments."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -166,3 +168,24 @@ def test_cuda_chunks_attended_by_flash_in_groups_are_exact(kind):
         want = _reference(*(t.bfloat16().float() for t in (q[b], k[b], v[b])), valid[b])
         assert rel_err(out[b].cpu(), want) < 2e-2
         assert seqs[b].num_tokens == n
+
+
+@pytest.mark.parametrize("group_gb,calls_a_chunk", [(4.0, 1), (0.0, 3)])
+def test_a_chunks_rows_attend_in_one_call_per_group(group_gb, calls_a_chunk, monkeypatch):
+    # the module (``attention.prefill`` as an attribute is the function it exports)
+    prefill_module = importlib.import_module("attention.prefill")
+    calls = []
+    attend = prefill_module.varlen_attention
+
+    def counted(q, *args, **kwargs):
+        calls.append(q.shape[0])
+        return attend(q, *args, **kwargs)
+
+    monkeypatch.setattr(prefill_module, "varlen_attention", counted)
+    q, k, v = _qkv(3, 120, (4, 2), seed=2)
+    config = {**SMALL, "attention": {**SMALL["attention"], "prefill_group_gb": group_gb}}
+    _chunked(config, q, k, v, None, 40)
+    # the first chunk has no stored prefix (one batched SDPA call); each later chunk's
+    # three rows go in one call, or one call a row with groups of 0 bytes
+    assert len(calls) == 2 * calls_a_chunk
+    assert sum(calls) == 2 * 3 * 40
