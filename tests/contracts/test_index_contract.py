@@ -1,8 +1,8 @@
 """The :class:`~vecstore.index.Index` contract, for every index in ``INDEXES``.
 
-``build`` lays tokens out unit by unit without losing or changing one; ``rank`` scores every
-unit of a padded batch, ``-inf`` exactly for the empty ones; and the store's probe
-(``Sequence.search``) returns valid, distinct unit ids, best first.
+``build`` lays tokens out unit by unit without losing or changing one, each head on its own;
+``rank`` scores every unit of a padded batch, ``-inf`` exactly for the empty ones; and the
+store's probe (``Sequence.search``) returns valid, distinct unit ids, best first.
 """
 
 from __future__ import annotations
@@ -52,6 +52,26 @@ def test_build_keeps_every_token_with_its_value(name: str, n: int) -> None:
         want = torch.cat([keys[h], values[h]], dim=-1)
         order = lambda x: x[torch.argsort(x[:, 0])]  # noqa: E731 - keys are distinct
         assert torch.equal(order(got), order(want))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_heads_are_built_on_their_own(name: str) -> None:
+    # the store builds a batch's segments in one call over the rows' heads stacked
+    # (vecstore.engine.batch_build): each row's share must be its own build
+    index = INDEXES.get(name)(CFG)
+    rows = [_kv(45, seed=s) for s in (3, 4)]
+    stacked = index.build(torch.cat([k for k, _ in rows]), torch.cat([v for _, v in rows]), 0)
+    for r, (keys, values) in enumerate(rows):
+        own = index.build(keys, values, 0)
+        heads = slice(r * H, (r + 1) * H)
+        assert [(s.start, s.end) for s in own] == [(s.start, s.end) for s in stacked]
+        for a, b in zip(own, stacked, strict=True):
+            assert torch.equal(a.keys, b.keys[heads])
+            assert torch.equal(a.values, b.values[heads])
+            assert torch.equal(a.offsets, b.offsets[heads])
+            assert sorted(a.meta) == sorted(b.meta)
+            for key in a.meta:
+                torch.testing.assert_close(a.meta[key], b.meta[key][heads])
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if INDEXES.get(n)(CFG).can_estimate])
