@@ -131,7 +131,7 @@ class WaveExecutor:
             return self.reference.run(index, view, steady, q, scale, layer, softcap)
         assert view is not None
         prep = self.prepare(view, layer, index)
-        B, Hq, _, D = q.shape
+        B = q.shape[0]
         if self.use_graphs and q.device.type == "cuda":
             res = replay(prep, steady, q[:, :, 0], scale, self.decode, softcap)
             assert prep.graph is not None and prep.graph.stats is not None
