@@ -23,7 +23,8 @@ import torch
 from attention.exact import sdpa_lower_right
 from vecstore.errors import BackendUnavailableError
 
-__all__ = ["SPLITS_SUPPORTED", "flash_applies", "flash_forward", "varlen_attention"]
+__all__ = ["SPLITS_SUPPORTED", "check_splits", "flash_applies", "flash_forward",
+           "varlen_attention"]
 
 SPLITS_SUPPORTED = any(a.name == "num_splits" for a in
                        torch.ops.aten._flash_attention_forward.default._schema.arguments)
@@ -43,6 +44,19 @@ def flash_applies(q: torch.Tensor, k: torch.Tensor, *, softcap: float | None = N
     return (q.is_cuda and softcap is None and q.dtype in (torch.float16, torch.bfloat16)
             and k.dtype == q.dtype and D % 8 == 0 and D <= 256
             and torch.cuda.get_device_capability(q.device) >= (8, 0))
+
+
+def check_splits(num_splits: int) -> None:
+    """Raise :class:`BackendUnavailableError` if ``num_splits`` is set and this PyTorch's
+    flash attention cannot take it (:data:`SPLITS_SUPPORTED`).
+
+    Examples
+    --------
+    >>> check_splits(0)  # FlashAttention's own choice: every PyTorch takes it
+    """
+    if num_splits and not SPLITS_SUPPORTED:
+        raise BackendUnavailableError("num_splits: this PyTorch's flash attention chooses "
+                                      "the split itself; pass 0")
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: torch.Tensor,
@@ -81,11 +95,9 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: to
     Raises
     ------
     BackendUnavailableError
-        ``num_splits`` is set and this PyTorch cannot take it (:data:`SPLITS_SUPPORTED`).
+        ``num_splits`` is set and this PyTorch cannot take it (:func:`check_splits`).
     """
-    if num_splits and not SPLITS_SUPPORTED:
-        raise BackendUnavailableError("num_splits: this PyTorch's flash attention chooses "
-                                      "the split itself; pass 0")
+    check_splits(num_splits)
     extra = {"num_splits": num_splits} if num_splits else {}
     return torch.ops.aten._flash_attention_forward(
         q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale,

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from attention.varlen import SPLITS_SUPPORTED, flash_forward
-from vecstore.errors import BackendUnavailableError
+from attention.varlen import SPLITS_SUPPORTED, check_splits, flash_forward
 
 __all__ = ["SPLITS_SUPPORTED", "flash_varlen", "varlen_reference"]
 
@@ -72,9 +71,7 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_q: tor
         ``[B * max_q, Hq, D]`` in ``q``'s dtype; a query with no key to see gives zeros.
     """
     if not q.is_cuda:
-        if num_splits and not SPLITS_SUPPORTED:
-            raise BackendUnavailableError("num_splits: this PyTorch's flash attention "
-                                          "chooses the split itself; pass 0")
+        check_splits(num_splits)  # as the kernel would: a run here means the same there
         return varlen_reference(q, k, v, cu_k=cu_k, seqused=seqused, max_q=max_q,
                                 causal=causal, scale=scale)
     B, S, H, D = k.shape
