@@ -27,6 +27,8 @@ With a logit ``softcap`` (Gemma 2) both cases compute the soft-capped attention 
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from attention.decode import ingest
@@ -117,9 +119,7 @@ def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Ten
     for group in groups_on_device(blocks, q.device, max_bytes=group_bytes):
         batch = [rows[i] for i in group.rows]
         queries = [_take(q[b], keep[b]).transpose(0, 1) for b in batch]  # [n, Hq, D] each
-        cu_q = [0]
-        for x in queries:
-            cu_q.append(cu_q[-1] + x.shape[0])
+        cu_q = list(accumulate((x.shape[0] for x in queries), initial=0))
         o = varlen_attention(queries[0] if len(queries) == 1 else torch.cat(queries),
                              group.keys.transpose(0, 1), group.values.transpose(0, 1),
                              cu_q=cu_q, cu_k=group.offsets, scale=scale, softcap=softcap)

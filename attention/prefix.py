@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from itertools import accumulate
 
 import torch
 
@@ -137,10 +138,7 @@ def _gather(rows: list[Blocks], span: range, device: torch.device,
             side: torch.cuda.Stream | None) -> tuple[Group, torch.cuda.Event | None]:
     """Copy the rows of ``span`` into one new pair on ``device``; host blocks go through
     ``side`` (and the event to wait for before reading is returned)."""
-    lengths = [sum(k.shape[1] for k, _ in rows[r]) for r in span]
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
+    offsets = list(accumulate((sum(k.shape[1] for k, _ in rows[r]) for r in span), initial=0))
     k0, v0 = rows[span[0]][0]
     if len(span) == 1 and len(rows[span[0]]) == 1 and k0.device == device:
         return Group(span, k0, v0, offsets), None
