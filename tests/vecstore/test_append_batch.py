@@ -35,6 +35,14 @@ def _state(seq, layer: int) -> list[torch.Tensor]:
             torch.tensor([(s.start, s.end) for s in st_.segments]).reshape(-1, 2)]
 
 
+def _assert_same_states(a: list, b: list, layer: int) -> None:
+    """Each sequence of ``a`` holds ``layer`` exactly as its twin in ``b`` does."""
+    for x, y in zip(a, b, strict=True):
+        got, want = _state(x, layer), _state(y, layer)
+        assert len(got) == len(want)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
 @settings(max_examples=25, deadline=None)
 @given(B=st.integers(1, 4), steps=st.lists(st.integers(1, 20), min_size=1, max_size=5),
        seed=st.integers(0, 2**16), kind=st.sampled_from(["wave", "quest", "flat"]),
@@ -53,9 +61,7 @@ def test_append_batch_equals_one_append_per_row(B, steps, seed, kind, whole):
         for x, y in zip(a, b, strict=True):
             assert x.tokens(1) == y.tokens(1) == sum(steps) and x.tokens(0) == 0
             assert x.layers[1].num_indexed == y.layers[1].num_indexed
-            got, want = _state(x, 1), _state(y, 1)
-            assert len(got) == len(want)
-            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        _assert_same_states(a, b, 1)
         got, want = batched.query(a, 1, q).out, single.query(b, 1, q).out
         # a shared tail buffer is read at its capacity: the same sums over more (masked) rows
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -153,10 +159,7 @@ def test_decode_steps_through_the_shared_tail_equal_appends_row_by_row(ops, seed
                 with pytest.raises(RuntimeError, match="boom"), batched.transaction():
                     batched.append_batch(a, 0, *_kv(3, op[1], seed + i))
                     raise RuntimeError("boom")
-            for x, y in zip(a, b, strict=True):
-                got, want = _state(x, 0), _state(y, 0)
-                assert len(got) == len(want)
-                assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+            _assert_same_states(a, b, 0)
 
 
 def test_a_decode_step_of_a_batch_shares_one_tail_buffer():
@@ -195,14 +198,12 @@ def test_sealing_a_batch_equals_sealing_each_row(lengths):
         batched.seal(a, 1)
         for seq in b:
             single.seal([seq], 1)
-        for x, y in zip(a, b, strict=True):
+        for x in a:
             assert x.layers[1].pending_keys.shape[1] == CFG["attention"]["window_tokens"]
-            got, want = _state(x, 1), _state(y, 1)
-            assert len(got) == len(want)
-            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        _assert_same_states(a, b, 1)
 
 
-def test_rows_reaching_a_segment_boundary_together_are_built_in_one_index_build():
+def test_rows_reaching_a_segment_boundary_together_are_built_in_one_index_build(monkeypatch):
     with Store.open(config=CFG) as store:
         seqs = _seqs(store, 3)
         index = seqs[0].layers[1].index
@@ -213,16 +214,12 @@ def test_rows_reaching_a_segment_boundary_together_are_built_in_one_index_build(
             calls.append(keys.shape[0])
             return build(keys, values, start)
 
-        index.build = counted
-        try:
-            k, v = _kv(3, 70, 4)
-            store.append_batch(seqs, 1, k, v, whole_segments=True)
-            assert calls == [3 * H]  # the three rows' heads stacked, one call
-            k, v = _kv(2, 70, 5)
-            store.append_batch(seqs[:2], 1, k, v, whole_segments=True)
-            store.append_batch(seqs[2:], 1, k[:1, :, :30], v[:1, :, :30],
-                               whole_segments=True)
-            store.seal(seqs, 1)  # two rows with as many tail tokens, one with more
-            assert calls[1:] == [2 * H, H, 2 * H, H]
-        finally:
-            del index.build
+        monkeypatch.setattr(index, "build", counted)
+        k, v = _kv(3, 70, 4)
+        store.append_batch(seqs, 1, k, v, whole_segments=True)
+        assert calls == [3 * H]  # the three rows' heads stacked, one call
+        k, v = _kv(2, 70, 5)
+        store.append_batch(seqs[:2], 1, k, v, whole_segments=True)
+        store.append_batch(seqs[2:], 1, k[:1, :, :30], v[:1, :, :30], whole_segments=True)
+        store.seal(seqs, 1)  # two rows with as many tail tokens, one with more
+        assert calls[1:] == [2 * H, H, 2 * H, H]
