@@ -116,17 +116,10 @@ class LayerState(TailHolder):
               whole_segments: bool = False) -> StagedAppend:
         """What :meth:`append` would do, worked out without changing the layer: its
         steady zone after the append and the tail tokens it indexes (``ready``)."""
-        a = self.config.attention
-        sink_keys, sink_values = self.sink_keys, self.sink_values
-        room = a.sink_tokens - sink_keys.shape[1]
-        if room > 0:
-            sink_keys = torch.cat([sink_keys, keys[:, :room]], dim=1)
-            sink_values = torch.cat([sink_values, values[:, :room]], dim=1)
-            keys, values = keys[:, room:], values[:, room:]
-        pending_keys = torch.cat([self.pending_keys, keys], dim=1)
-        pending_values = torch.cat([self.pending_values, values], dim=1)
-        return self._stage_tail(sink_keys, sink_values, pending_keys, pending_values,
-                                a.update_tokens, whole_segments)
+        return StagedAppend.appending(
+            self.config, (self.sink_keys, self.sink_values),
+            (self.pending_keys, self.pending_values), self.num_indexed, keys, values,
+            whole_segments=whole_segments)
 
     def build(self, staged: StagedAppend) -> list[Segment]:
         """The segments indexing ``staged``'s ready tokens (none if there are none)."""
@@ -162,21 +155,9 @@ class LayerState(TailHolder):
 
     def stage_seal(self) -> StagedAppend:
         """What :meth:`seal` would do, worked out without changing the layer."""
-        return self._stage_tail(self.sink_keys, self.sink_values, self.pending_keys,
-                                self.pending_values, 1, False)
-
-    def _stage_tail(self, sink_keys: torch.Tensor, sink_values: torch.Tensor,
-                    pending_keys: torch.Tensor, pending_values: torch.Tensor,
-                    at_least: int, whole_segments: bool) -> StagedAppend:
-        """``sink_*`` and ``pending_*`` to become the layer's, all but the last
-        ``window_tokens`` of the tail ready to index (only whole ``index.segment_tokens``
-        segments of them, with ``whole_segments``) if that leaves ``at_least`` tokens."""
-        ready = pending_keys.shape[1] - self.config.attention.window_tokens
-        if whole_segments:
-            ready -= ready % self.config.index.segment_tokens
-        return StagedAppend(sink_keys, sink_values, pending_keys, pending_values,
-                            ready if ready >= at_least else 0,
-                            sink_keys.shape[1] + self.num_indexed)
+        return StagedAppend.sealing(self.config, (self.sink_keys, self.sink_values),
+                                    (self.pending_keys, self.pending_values),
+                                    self.num_indexed)
 
     def add_segments(self, segments: list[Segment]) -> None:
         """Attach already-built segments (appends and reopened stores); with a placement
