@@ -37,13 +37,17 @@ for the wave caches, whose centroids and value sums come on top) against the HBM
 bandwidth measured at the start (``hbm_copy_gbs`` in the JSON's meta), and the largest batch
 each cache ran with its ratio to ``full``'s largest. ``--profile`` also writes, per cache
 and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` under ``--out``.
+``--compile-layers`` runs the decode steps of ``full`` and the wave caches alike with the
+model's decoder layers compiled around their attention
+(:class:`integrations.hf.layer_compile.CompiledLayers`).
 
 Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
     python benchmarks/e2e.py [--context 131072] [--batches 1 8 ...] [--layers 4]
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
-                             [--full-splits 0 2 4 8] [--profile] [--out DIR]
+                             [--full-splits 0 2 4 8] [--compile-layers] [--profile]
+                             [--out DIR]
                              [--model tiny --device cpu]   (a CPU run, as the tests do)
 """
 
@@ -101,7 +105,8 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
-        profile_to: Path | None = None, splits: tuple[int, ...] = (0,)) -> dict:
+        profile_to: Path | None = None, splits: tuple[int, ...] = (0,), *,
+        compile_layers: bool = False) -> dict:
     """Prefill ``ids`` through ``cache``, then time ``steps`` decode steps (``full``: of each
     number of flash-decoding ``splits`` in turn, keeping the fastest); the GPU's busy time
     per step from :data:`PROFILE_STEPS` more (written out with ``profile_to``)."""
@@ -115,7 +120,8 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
     del logits
     if name != "full" or not SPLITS_SUPPORTED:  # an older PyTorch: its own choice only
         splits = (0,)
-    variants = {n: make_step(name, model, cache, n) for n in splits}
+    variants = {n: make_step(name, model, cache, n, compile_layers=compile_layers)
+                for n in splits}
     decode: dict[int, float] = {}
     filled: dict[int, int] = {}  # tokens a row holds when the timed steps start
     for n, step in variants.items():
@@ -161,9 +167,9 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
     length = args.context + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
     cache = None
     try:
-        cache = make_cache(name, model, batch, length)
+        cache = make_cache(name, model, batch, length, compile_layers=args.compile_layers)
         res = run(name, model, cache, ids, args.steps, row["prefill_chunk"], profile_to,
-                  tuple(args.full_splits))
+                  tuple(args.full_splits), compile_layers=args.compile_layers)
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
         tokens = length if name == "static" else res["mean_tokens"]
@@ -204,6 +210,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--full-splits", type=int, nargs="+", default=[0, 2, 4, 8],
                         help="full: flash-decoding splits of each row's keys to time, the "
                              "fastest kept (0: FlashAttention's own choice)")
+    parser.add_argument("--compile-layers", action="store_true",
+                        help="full and wave caches: decode steps run the decoder layers "
+                             "compiled around their attention (torch.compile; "
+                             "WaveCache(compile_layers=True))")
     parser.add_argument("--profile", action="store_true",
                         help="also write a profile of a few decode steps of each cache and batch")
     parser.add_argument("--model", choices=sorted(MODELS), default="llama-3-8b",
@@ -256,6 +266,7 @@ def save(args: argparse.Namespace, rows: list[dict], ceil: dict[str, float]) -> 
             "model": f"{args.model} shape, random weights, bf16", "steps": args.steps,
             "warmup_steps": WARMUP_STEPS, "profile_steps": PROFILE_STEPS,
             "layers": args.layers, "prefill_chunk": args.prefill_chunk,
+            "compile_layers": args.compile_layers,
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default",
             "largest": largest(rows)}
     write(args.out, meta, rows)

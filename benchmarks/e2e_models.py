@@ -30,8 +30,10 @@ def build_model(layers: int, shape: str = "llama-3-8b", device: str = "cuda"):
         return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
-def make_cache(name: str, model, batch: int, length: int):
-    """A fresh cache of kind ``name`` for ``batch`` rows that reach ``length`` tokens."""
+def make_cache(name: str, model, batch: int, length: int, *, compile_layers: bool = False):
+    """A fresh cache of kind ``name`` for ``batch`` rows that reach ``length`` tokens
+    (``compile_layers``: a wave cache's decode steps run the layers compiled around their
+    attention; ``full`` gets them from :func:`make_step`)."""
     from transformers import DynamicCache, StaticCache
 
     from benchmarks.full_attention import FullCache
@@ -49,17 +51,19 @@ def make_cache(name: str, model, batch: int, length: int):
     config: dict = {"executor": {"device": str(device)}}
     if name == "wave-pinned":
         config["kvstore"] = {"kind": "pinned"}
-    return WaveCache(config, model)
+    return WaveCache(config, model, cuda_graphs=True if compile_layers else None,
+                     compile_layers=compile_layers)
 
 
-def make_step(name: str, model, cache, num_splits: int = 0
+def make_step(name: str, model, cache, num_splits: int = 0, *, compile_layers: bool = False
               ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The decode step of ``cache``: next token ids ``[B, 1]`` from the last ones (``full``:
-    a CUDA graph whose flash decoding splits each row's keys in ``num_splits``)."""
+    a CUDA graph whose flash decoding splits each row's keys in ``num_splits``, its layers
+    compiled around their attention with ``compile_layers``)."""
     if name == "full":
         from benchmarks.full_graph import DecodeGraph
 
-        graph = DecodeGraph(model, cache, num_splits=num_splits)
+        graph = DecodeGraph(model, cache, num_splits=num_splits, compile_layers=compile_layers)
         return lambda nxt: graph(nxt)[:, -1:].argmax(-1)
     kwarg = cache_kwarg(model)
 

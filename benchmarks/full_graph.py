@@ -17,11 +17,14 @@ step runs eagerly, so CPU tests cover all of it but the capture itself.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from transformers import PreTrainedModel
 
 from benchmarks.full_attention import FullCache
 from integrations.hf.cache import cache_kwarg
+from integrations.hf.layer_compile import CompiledLayers
 from vecstore.errors import ShapeError
 
 __all__ = ["DecodeGraph"]
@@ -45,11 +48,17 @@ class DecodeGraph:
         How many parts flash attention splits each row's keys into (0: its own choice);
         fixed in the graph at capture. Several graphs of different splits may take turns
         on one cache.
+    compile_layers : bool
+        Run the step with the decoder layers compiled around their attention
+        (:class:`~integrations.hf.layer_compile.CompiledLayers`, as a
+        ``WaveCache(compile_layers=True)`` runs its steps).
     """
 
     def __init__(self, model: PreTrainedModel, cache: FullCache, *,
-                 capture: bool | None = None, num_splits: int = 0) -> None:
+                 capture: bool | None = None, num_splits: int = 0,
+                 compile_layers: bool = False) -> None:
         self.model, self.cache, self.num_splits = model, cache, num_splits
+        self.compiled = CompiledLayers(model) if compile_layers else None
         self.capture = cache.device.type == "cuda" if capture is None else capture
         self.ids = torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.device)
         self.slot = torch.zeros(1, dtype=torch.long, device=cache.device)
@@ -84,8 +93,9 @@ class DecodeGraph:
         positions = self.slot - cache.start[:, None]  # [B, 1]: each row's RoPE position
         cache.static_slots, cache.num_splits = self.slot, self.num_splits
         try:
-            out = self.model(input_ids=self.ids, position_ids=positions, use_cache=True,
-                             logits_to_keep=1, **{self._kwarg: cache})
+            with self.compiled.active() if self.compiled is not None else nullcontext():
+                out = self.model(input_ids=self.ids, position_ids=positions, use_cache=True,
+                                 logits_to_keep=1, **{self._kwarg: cache})
         finally:
             cache.static_slots, cache.num_splits = None, 0
         return out.logits

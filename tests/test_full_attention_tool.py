@@ -94,14 +94,16 @@ def _prefill(model, cache, ids, mask):
     return out.logits.argmax(-1)
 
 
-def test_static_decode_step_equals_dynamic_cache_without_host_syncs():
+@pytest.mark.parametrize("compile_layers", [False, True])
+def test_static_decode_step_equals_dynamic_cache_without_host_syncs(compile_layers):
     model = tiny_model("llama", heads=4, kv_heads=2)
     ids, mask = left_padded([9, 4, 13], seed=3)
     want = generate(model, ids, DynamicCache(config=model.config), attention_mask=mask,
                     max_new_tokens=10, do_sample=False)[:, -10:]
     with FullCache(model, 3, 32) as cache, torch.no_grad():
         nxt = _prefill(model, cache, ids, mask)
-        steps = [DecodeGraph(model, cache), DecodeGraph(model, cache, num_splits=4)]
+        steps = [DecodeGraph(model, cache, compile_layers=compile_layers),
+                 DecodeGraph(model, cache, num_splits=4, compile_layers=compile_layers)]
         assert not any(s.capture for s in steps)  # CPU: the static step runs eagerly
         tokens = [nxt]
         with HostSyncs() as syncs:

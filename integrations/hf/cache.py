@@ -45,7 +45,7 @@ from integrations.hf.window_cache import WindowLayer
 from vecstore import Sequence, Store, StoreConfig
 from vecstore.config import load_config
 from vecstore.engine.decoder import BatchDecoder
-from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
+from vecstore.errors import IncompatibleError, InvalidValueError, ShapeError, StoreClosedError
 
 __all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]
 
@@ -72,6 +72,12 @@ class WaveCache(BranchingMixin, Cache):
         number of layers. ``None`` (default): on when the model is on a CUDA device. On a
         CPU, ``True`` runs the same fixed-shape steps without capture. Only in-memory
         stores decode this way (a persisted store commits every step).
+    compile_layers : bool
+        Run the fixed-shape decode steps with the model's decoder layers compiled around
+        their attention (:class:`~integrations.hf.layer_compile.CompiledLayers`:
+        ``torch.compile`` fuses the norms, residual adds and activations; the attention
+        modules run as they are). The first step of each batch size compiles (seconds to
+        a minute); needs ``cuda_graphs``. Default ``False``.
 
     Raises
     ------
@@ -95,18 +101,21 @@ class WaveCache(BranchingMixin, Cache):
 
     def __init__(self, store_or_config: Store | StoreConfig | Mapping[str, Any] | str | Path
                  | None = None, model: PreTrainedModel | None = None, *,
-                 name: str | None = None, cuda_graphs: bool | None = None) -> None:
+                 name: str | None = None, cuda_graphs: bool | None = None,
+                 compile_layers: bool = False) -> None:
         shape = model_shape(model)
         assert model is not None  # model_shape raised otherwise
+        cuda_graphs = _graphs(cuda_graphs, compile_layers, shape.device)
         if isinstance(store_or_config, Store):
             store, owned = store_or_config, False
         else:
             store, owned = Store.open(config=_config_for(store_or_config, shape)), True
         self._setup(store, owned, model, shape, name or f"hf-{secrets.token_hex(4)}", None,
-                    cuda_graphs)
+                    cuda_graphs, compile_layers)
 
     def _setup(self, store: Store, owned: bool, model: PreTrainedModel, shape: ModelShape,
-               name: str, resumed: Sequence | None, cuda_graphs: bool | None) -> None:
+               name: str, resumed: Sequence | None, cuda_graphs: bool,
+               compile_layers: bool) -> None:
         self.store = store
         self.name = name
         self.shape = shape
@@ -128,17 +137,17 @@ class WaveCache(BranchingMixin, Cache):
         if owned:
             stack.callback(store.close)
         self._binding = stack.enter_context(install(model))
-        if cuda_graphs is None:
-            cuda_graphs = shape.device.type == "cuda"
         self.graph: DecodeGraph | None = None
         if cuda_graphs:
-            self.graph = stack.enter_context(graphed_forward(model, self))
+            self.graph = stack.enter_context(graphed_forward(model, self,
+                                                             compile_layers=compile_layers))
         self._finalizer = weakref.finalize(self, stack.close)
 
     @classmethod
     def from_store(cls, store_or_path: Store | str | Path, name: str, model: PreTrainedModel, *,
                    config: StoreConfig | Mapping[str, Any] | str | Path | None = None,
-                   cuda_graphs: bool | None = None) -> WaveCache:
+                   cuda_graphs: bool | None = None,
+                   compile_layers: bool = False) -> WaveCache:
         """Continue from a sequence stored earlier, without prefilling it again.
 
         Pass the full token ids (the stored context's, then the new ones) to
@@ -157,6 +166,8 @@ class WaveCache(BranchingMixin, Cache):
             The configuration a store opened from ``store_or_path`` gets.
         cuda_graphs : bool, optional
             As for the constructor.
+        compile_layers : bool
+            As for the constructor.
 
         Raises
         ------
@@ -166,13 +177,14 @@ class WaveCache(BranchingMixin, Cache):
             If the sequence was built for a different model (fingerprint or shape).
         """
         shape = model_shape(model)
+        cuda_graphs = _graphs(cuda_graphs, compile_layers, shape.device)
         owned = not isinstance(store_or_path, Store)
         store = Store.open(store_or_path, config) if owned else store_or_path
         assert isinstance(store, Store)
         try:
             seq = store.sequence(name)
             cache = cls.__new__(cls)
-            cache._setup(store, owned, model, shape, name, seq, cuda_graphs)
+            cache._setup(store, owned, model, shape, name, seq, cuda_graphs, compile_layers)
         except BaseException:
             if owned:
                 store.close()
@@ -296,3 +308,13 @@ def _place(seq: Sequence, shape: ModelShape) -> None:
     devices = [shape.layer_devices[layer] for layer in shape.store_layers]
     if len(set(devices)) > 1:
         seq.place(devices)
+
+
+def _graphs(cuda_graphs: bool | None, compile_layers: bool, device: torch.device) -> bool:
+    """Whether decode steps run as fixed-shape steps (``None``: on a CUDA device); compiled
+    layers need them."""
+    graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+    if compile_layers and not graphs:
+        raise InvalidValueError("compile_layers: compiled layers serve the fixed-shape decode "
+                                "steps; pass cuda_graphs=True too")
+    return graphs

@@ -12,6 +12,8 @@ forward as it is (an "ordinary" step): prefills, the first decode step after a p
 decoder does not serve (see :meth:`vecstore.engine.store.Store.decoder`).
 
 On a CPU the same fixed-shape steps run without capture (how the tests exercise them).
+With :class:`~integrations.hf.layer_compile.CompiledLayers` the fixed-shape steps run the
+model's decoder layers compiled around their attention (``WaveCache(compile_layers=True)``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from integrations.hf.cache_arg import cache_kwarg
+from integrations.hf.layer_compile import CompiledLayers
 from vecstore.engine.decoder import BatchDecoder
 from vecstore.engine.sequence import Sequence
 from vecstore.engine.tail import writing
@@ -85,13 +88,18 @@ class DecodeGraph:
     previous : callable, optional
         What the model's instance held as ``forward`` before (``None``: the class's),
         restored when the graph is taken out.
+    compiled : CompiledLayers, optional
+        The model's layers compiled around their attention, run by the fixed-shape steps
+        (``None``: the layers as they are).
     """
 
     def __init__(self, cache: GraphedCache, forward: Callable[..., Any],
-                 previous: Callable[..., Any] | None = None) -> None:
+                 previous: Callable[..., Any] | None = None,
+                 compiled: CompiledLayers | None = None) -> None:
         self.cache = cache
         self.forward = forward
         self.previous = previous
+        self.compiled = compiled
         self.decoder: BatchDecoder | None = None
         self._captured: _Captured | None = None
         self.static_steps = 0  # decode steps run as fixed-shape steps (replayed on CUDA)
@@ -193,8 +201,9 @@ class DecodeGraph:
         other = dict(key[1])
         self.cache.route(self.decoder)
         try:
-            out = self.forward(**inputs, **other, attention_mask=None,
-                               **{self._cache_name: self.cache})
+            with self.compiled.active() if self.compiled is not None else nullcontext():
+                out = self.forward(**inputs, **other, attention_mask=None,
+                                   **{self._cache_name: self.cache})
             self.decoder.end()
         finally:
             self.cache.route(None)
@@ -230,11 +239,15 @@ class DecodeGraph:
 
 
 @contextmanager
-def graphed_forward(model: torch.nn.Module, cache: GraphedCache) -> Iterator[DecodeGraph]:
+def graphed_forward(model: torch.nn.Module, cache: GraphedCache, *,
+                    compile_layers: bool = False) -> Iterator[DecodeGraph]:
     """Make ``model.forward`` serve ``cache``'s decode steps through a
-    :class:`DecodeGraph` until the block ends. Several caches may be open on one model and
-    close in any order: each graph hands other calls to the forward it wraps."""
-    graph = DecodeGraph(cache, model.forward, model.__dict__.get("forward"))
+    :class:`DecodeGraph` until the block ends (``compile_layers``: its fixed-shape steps
+    run the decoder layers compiled, :class:`CompiledLayers`). Several caches may be open
+    on one model and close in any order: each graph hands other calls to the forward it
+    wraps."""
+    compiled = CompiledLayers(model) if compile_layers else None
+    graph = DecodeGraph(cache, model.forward, model.__dict__.get("forward"), compiled)
     model.forward = graph
     try:
         yield graph
