@@ -17,6 +17,12 @@ would save nothing; it is read whole, with flash attention where CUDA has it.
   CUDA, row by row elsewhere). Padding (left padding, rows of different lengths) is never
   attended; padded queries get zeros.
 
+Rows in a tier that is not resident (``kvstore.kind = "pinned"``) would copy their whole
+stored prefix to the device again every chunk; given a :class:`attention.prefix_mirror.PrefixMirror`
+(``attention.prefill_mirror_gb``, which :class:`attention.StoreAttention` passes), such a
+row's prefix stays on the device across the chunks, each chunk appending its valid tokens,
+and the row attends to that one block (rows it cannot hold are read from the tier).
+
 The valid tokens are then appended to the store in whole index segments
 (``whole_segments``): a prompt is clustered in ``index.segment_tokens`` segments whatever
 its chunks, and what is left is indexed by the first decode step.
@@ -34,16 +40,22 @@ import torch
 from attention.decode import ingest
 from attention.exact import sdpa
 from attention.prefix import Blocks, groups_on_device
+from attention.prefix_mirror import PrefixMirror
 from attention.varlen import varlen_attention
 from vecstore import Sequence, Store
 from vecstore.checks import check_all_finite
 
 __all__ = ["prefill"]
 
+_Selection = slice | torch.Tensor | None
+"""A row's valid tokens of a block (:func:`_valid_tokens`)."""
+_Block = tuple[torch.Tensor, torch.Tensor] | None
+"""A row's stored and new keys and values in one mirror block, or ``None``."""
+
 
 def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, *, scale: float, valid: torch.Tensor | None = None,
-            softcap: float | None = None) -> torch.Tensor:
+            softcap: float | None = None, mirror: PrefixMirror | None = None) -> torch.Tensor:
     """Attention of a block of new tokens of one layer, then their ingestion.
 
     Parameters
@@ -65,6 +77,11 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
         neither attended nor stored. ``None`` = no padding.
     softcap : float | None
         Attention logit soft-cap, ``softcap * tanh(score / softcap)``; ``None``: none.
+    mirror : PrefixMirror | None
+        Where the stored prefixes of rows whose tier is not resident are kept on the
+        device across a prompt's chunks (the same mirror for every chunk and layer; its
+        entries of sequences not in ``seqs`` are dropped). ``None``: such rows are read
+        from their tier every chunk.
 
     Returns
     -------
@@ -96,24 +113,40 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     pad = None if valid is None else ~valid[:, None, :, None]
     check_all_finite(keys=k if pad is None else k.masked_fill(pad, 0),
                      values=v if pad is None else v.masked_fill(pad, 0))
+    keep = _valid_tokens(valid, q.shape[0], q.shape[2])
+    mirrored: list[_Block] = ([None] * len(seqs) if mirror is None
+                              else _mirrored(store, seqs, layer, k, v, keep, mirror))
     if valid is None and all(s.tokens(layer) == 0 for s in seqs):
         out = sdpa(q, k, v, scale=scale, valid=None, softcap=softcap)
     else:
         group_bytes = int(store.config.attention.prefill_group_gb * 2**30)
-        out = _attend_rows(seqs, layer, q, k, v, scale, valid, softcap, group_bytes)
+        out = _attend_rows(seqs, layer, q, k, v, scale, valid, keep, mirrored, softcap,
+                           group_bytes)
     ingest(store, seqs, layer, k, v, valid, finite=False, whole_segments=True)
     return out
 
 
+def _mirrored(store: Store, seqs: list[Sequence], layer: int, k: torch.Tensor,
+              v: torch.Tensor, keep: list[_Selection], mirror: PrefixMirror) -> list[_Block]:
+    """Per row: its stored tokens and valid new ones as one block of ``mirror``, or
+    ``None`` (a resident tier, no valid token, or no room in the mirror)."""
+    mirror.retain(seqs)
+    return [None if sel is None or store.placement.tier(seq.layer_devices[layer]).resident
+            else mirror.extend(seq, layer, _take(k[b], sel), _take(v[b], sel))
+            for b, (seq, sel) in enumerate(zip(seqs, keep, strict=True))]
+
+
 def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, scale: float, valid: torch.Tensor | None,
-                 softcap: float | None, group_bytes: int) -> torch.Tensor:
-    """Each row's valid queries over its stored tokens and its valid new ones, a group of
-    rows (up to ``group_bytes`` of keys and values) per attention call."""
-    keep = _valid_tokens(valid, q.shape[0], q.shape[2])
+                 keep: list[_Selection], mirrored: list[_Block], softcap: float | None,
+                 group_bytes: int) -> torch.Tensor:
+    """Each row's valid queries (``keep``) over its stored tokens and its valid new ones
+    (its ``mirrored`` block when it has one), a group of rows (up to ``group_bytes`` of
+    keys and values) per attention call."""
     out = torch.zeros_like(q) if valid is not None else torch.empty_like(q)
     rows = [b for b, sel in enumerate(keep) if sel is not None]
     blocks: list[Blocks] = [
+        [held] if (held := mirrored[b]) is not None else
         [*seqs[b].kv_blocks(layer), (_take(k[b], keep[b]), _take(v[b], keep[b]))]
         for b in rows]
     for group in groups_on_device(blocks, q.device, max_bytes=group_bytes):
@@ -133,8 +166,7 @@ def _attend_rows(seqs: list[Sequence], layer: int, q: torch.Tensor, k: torch.Ten
     return out
 
 
-def _valid_tokens(valid: torch.Tensor | None, B: int,
-                  L: int) -> list[slice | torch.Tensor | None]:
+def _valid_tokens(valid: torch.Tensor | None, B: int, L: int) -> list[_Selection]:
     """Per row: a slice of its valid tokens when they are the last ones (no padding, or
     left padding), else their indices; ``None`` for a row of padding only."""
     if valid is None:

@@ -4,7 +4,10 @@ A model binding (``integrations.hf`` for transformers) calls :class:`StoreAttent
 from each attention layer with the step's post-RoPE queries, keys and values. Steps with
 several tokens go through :func:`attention.prefill.prefill`, single-token steps over a
 non-empty store through :func:`attention.decode.decode`; either way the valid tokens end
-up in the store, one :class:`vecstore.Sequence` per batch row.
+up in the store, one :class:`vecstore.Sequence` per batch row. With
+``attention.prefill_mirror_gb`` set, the prompt's chunks keep offloaded rows' stored
+prefixes on the device (:class:`attention.prefix_mirror.PrefixMirror`) until the first
+decode step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from attention.decode import decode
 from attention.gqa import group_size
 from attention.prefill import prefill
+from attention.prefix_mirror import PrefixMirror
 from vecstore import Sequence, Store
 from vecstore.checks import check_softcap, check_tensor
 from vecstore.engine.decoder import BatchDecoder
@@ -82,6 +86,13 @@ class StoreAttention:
     seqs : list[Sequence]
         One sequence per batch row, all with the same shape.
 
+    Attributes
+    ----------
+    mirror : PrefixMirror | None
+        The rows' stored prefixes the prefill keeps on the device
+        (``attention.prefill_mirror_gb``; ``None`` when 0); emptied by the first decode
+        step and by :meth:`release`.
+
     Examples
     --------
     >>> from vecstore import Store
@@ -109,6 +120,8 @@ class StoreAttention:
         self._pending: list[QueryStats] = []  # not folded into _stats yet (maybe deferred)
         self._prefilled: set[int] = set()  # layers whose last call was a prefill
         self._decoder: BatchDecoder | None = None  # whose stats are not folded yet
+        mirror_bytes = int(store.config.attention.prefill_mirror_gb * 2**30)
+        self.mirror = PrefixMirror(mirror_bytes) if mirror_bytes else None
 
     @property
     def decode_stats(self) -> DecodeStats:
@@ -126,6 +139,12 @@ class StoreAttention:
             queries, sums = self._decoder.take_stats()
             total, exact, _, _, mass = sums.tolist()
             self._stats = self._stats.add_sums(queries, round(total), round(exact), mass)
+
+    def release(self) -> None:
+        """Free the device memory the prompt's prefill holds (:attr:`mirror`), once the
+        prompt is through (a later prefill builds the mirror again from the rows' tiers)."""
+        if self.mirror is not None:
+            self.mirror.clear()
 
     def decoder(self, num_q_heads: int) -> BatchDecoder | None:
         """Fixed-shape decode steps of the batch for a CUDA graph of a model's whole decode
@@ -178,6 +197,7 @@ class StoreAttention:
             scale = 1.0 / math.sqrt(q.shape[-1])
         L = q.shape[2]
         if L == 1 and any(s.tokens(layer) > 0 for s in self.seqs):
+            self.release()
             if layer in self._prefilled:
                 # the prompt's tokens but the last window are indexed before decoding, so
                 # the rows' steady zones are equally long (whatever their prompt lengths)
@@ -192,7 +212,7 @@ class StoreAttention:
                     self._fold()
             return out
         out = prefill(self.store, self.seqs, layer, q, k, v, scale=scale, valid=valid,
-                      softcap=softcap)
+                      softcap=softcap, mirror=self.mirror)
         self._prefilled.add(layer)
         return out
 

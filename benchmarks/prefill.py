@@ -9,7 +9,8 @@ per forward pass. Only what differs between the caches is timed, per chunk and l
   over the filled length with a lower-right causal mask (flash attention on CUDA).
 - ``wave``: :class:`attention.StoreAttention` (exact attention over the stored prefix and
   the chunk, row by row, then ingestion: index builds in whole segments, placement), one
-  row per ``--kvstore`` kind (``memory``, ``pinned``).
+  row per ``--kvstore`` kind (``memory``, ``pinned``; pinned rows' stored prefixes kept on
+  the device across the chunks, ``attention.prefill_mirror_gb``).
 - ``ingest``: the store's appends of the same chunks alone (what the index build and the
   placement cost), as prefill makes them (``whole_segments``); ``ingest_per_update``: as
   before, indexing at every ``update_tokens`` boundary (a segment per chunk).
@@ -41,7 +42,13 @@ from torch.nn.attention.bias import causal_lower_right
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention import StoreAttention  # noqa: E402
-from benchmarks.common import RESULTS, machine, print_row, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    machine,
+    prefill_mirror_gb,
+    print_row,
+    write_results,
+)
 from vecstore import Store  # noqa: E402
 
 VARIANTS = ("full", "wave", "ingest", "ingest_per_update")
@@ -70,7 +77,11 @@ def run(variant: str, kind: str, args: argparse.Namespace, dev: torch.device) ->
     Hq, Hkv, D = args.heads
     B, T, L = args.batch, args.context, args.chunk
     gen = torch.Generator(device=dev).manual_seed(0)
-    store = Store.open(config={"kvstore": {"kind": kind}, "executor": {"device": str(dev)}})
+    config: dict = {"kvstore": {"kind": kind}, "executor": {"device": str(dev)}}
+    if kind == "pinned":  # the prompt's rows kept on the device across its chunks
+        kv_bytes = 2 * args.layers * B * T * Hkv * D * torch.bfloat16.itemsize
+        config["attention"] = {"prefill_mirror_gb": prefill_mirror_gb(kv_bytes, dev)}
+    store = Store.open(config=config)
     seqs = [store.create(f"r{b}", num_layers=args.layers, num_kv_heads=Hkv, head_dim=D,
                          dtype=torch.bfloat16) for b in range(B)]
     attn = StoreAttention(store, seqs)

@@ -51,6 +51,7 @@ class BranchingMixin:
         if self._branches is None and self._attention is not None:
             self._branches = Branches(len(self._store_layers()), len(self._attention.seqs),
                                       commit=commit)
+            self._attention.release()  # the branches attend from now on, never a prefill
         return self._branches
 
     def _select_rows(self, index: torch.Tensor) -> None:

@@ -111,3 +111,17 @@ def test_persisted_store_is_reused_after_reopening(tmp_path):
         out = generate(model, full, cache, max_new_tokens=12, do_sample=False,
                        eos_token_id=None)
     assert torch.equal(out, ref)
+
+
+def test_beams_free_the_prefill_mirror_of_pinned_rows():
+    model = tiny_model("llama", 4, 2, seed=6)
+    ids, _ = left_padded([90, 90], seed=6)
+    config = {**EXACT, "kvstore": {"kind": "pinned"},
+              "attention": {**EXACT["attention"], "prefill_mirror_gb": 1.0}}
+    with WaveCache(config, model) as cache:
+        for part in (ids[:, :70], ids[:, 70:]):  # two chunks: the second reads the mirror
+            _prefill(model, part, cache)
+        mirror = cache._attention.mirror
+        assert mirror is not None and mirror.held_bytes > 0
+        cache.reorder_cache(torch.tensor([1, 0]))  # beams attend without a prefill
+        assert mirror.held_bytes == 0

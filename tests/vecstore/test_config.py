@@ -20,6 +20,7 @@ def test_defaults_follow_the_design():
     assert (c.attention.retrieval_budget, c.attention.estimation_budget) == (0.018, 0.232)
     assert (c.attention.update_tokens, c.cache.policy, c.cache.capacity) == (1024, "lru", 0.05)
     assert c.attention.prefill_group_gb == 4.0
+    assert c.attention.prefill_mirror_gb == 0.0  # off
 
 
 @pytest.mark.parametrize("data,match", [
@@ -33,6 +34,8 @@ def test_defaults_follow_the_design():
     ({"attention": {"window_tokens": "64"}}, r"attention\.window_tokens: expected an integer"),
     ({"attention": {"prefill_group_gb": -1}}, r"attention\.prefill_group_gb: must be >= 0"),
     ({"attention": {"prefill_group_gb": float("nan")}}, r"attention\.prefill_group_gb"),
+    ({"attention": {"prefill_mirror_gb": -0.5}}, r"attention\.prefill_mirror_gb: must be >= 0"),
+    ({"attention": {"prefill_mirror_gb": float("nan")}}, r"attention\.prefill_mirror_gb"),
     ({"index": {"tokens_per_cluster": 0}}, r"index\.tokens_per_cluster"),
     ({"index": {"segment_tokens": 8, "tokens_per_cluster": 16}}, r"index\.segment_tokens"),
     ({"cache": {"capacity": 2.0}}, r"cache\.capacity"),

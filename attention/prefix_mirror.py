@@ -1,0 +1,165 @@
+"""Offloaded rows' stored prefixes kept on the device across a prompt's prefill chunks.
+
+Each prefill chunk attends to its rows' whole stored prefix
+(:meth:`vecstore.Sequence.kv_blocks`). Rows whose KV tier is not resident
+(``kvstore.kind = "pinned"``) would cross PCIe whole again every chunk; a
+:class:`PrefixMirror` keeps, per sequence and layer, a copy of the row's stored tokens on
+the device where the attention runs, to which each chunk appends its valid new tokens.
+The prefix is attended without a mask, so the mirror holds the stored tokens in arrival
+order, not in the store's. An entry is used only while it holds as many tokens as the
+sequence stores in that layer (:meth:`vecstore.Sequence.tokens`): otherwise (an ingestion
+that failed, tokens appended or rolled back elsewhere) it is rebuilt from ``kv_blocks``,
+one copy. Memory is bounded (``attention.prefill_mirror_gb``): a row whose mirror does
+not fit gets none, and its chunks read the tier as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vecstore import Sequence
+from vecstore.kvstore.row_transfer import copy_across
+
+__all__ = ["PrefixMirror"]
+
+
+@dataclass(slots=True)
+class _Entry:
+    """``[Hkv, cap, D]`` keys and values, the first ``count`` tokens held."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    count: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class PrefixMirror:
+    """Device copies of rows' stored tokens, per (sequence, layer), grown as chunks arrive.
+
+    Parameters
+    ----------
+    max_bytes : int
+        The most bytes of keys and values the mirror holds (capacity included); 0 holds
+        nothing.
+
+    Examples
+    --------
+    >>> from vecstore import Store
+    >>> with Store.open() as store:
+    ...     seq = store.create("m", num_layers=1, num_kv_heads=2, head_dim=8,
+    ...                        dtype=torch.float32)
+    ...     mirror = PrefixMirror(1 << 20)
+    ...     k, v = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    ...     keys, _ = mirror.extend(seq, 0, k, v)      # nothing stored yet: the chunk alone
+    ...     seq.append(0, k, v)                        # the chunk is ingested
+    ...     keys, _ = mirror.extend(seq, 0, k[:, :2], v[:, :2])  # the next chunk
+    >>> keys.shape, mirror.held_bytes > 0
+    (torch.Size([2, 7, 8]), True)
+    >>> mirror.clear(); mirror.held_bytes
+    0
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: dict[tuple[Sequence, int], _Entry] = {}
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of keys and values the mirror holds now (capacity included)."""
+        return self._held
+
+    def extend(self, seq: Sequence, layer: int, keys: torch.Tensor,
+               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``seq``'s stored tokens of ``layer`` followed by new ones, as one block.
+
+        Parameters
+        ----------
+        seq : Sequence
+            A batch row.
+        layer : int
+            Layer index.
+        keys, values : torch.Tensor
+            ``[Hkv, n, D]`` the row's valid new tokens, on the device the attention runs
+            on (where the mirror is kept). The mirror holds them from now on: it expects
+            ``seq`` to store them before the next call.
+
+        Returns
+        -------
+        tuple[torch.Tensor, torch.Tensor] | None
+            ``[Hkv, S + n, D]`` key and value views of the mirror: the ``S`` stored tokens
+            (in any order) then the new ones, in order. ``None`` when they do not fit in
+            ``max_bytes`` or in the device's memory; the row's entry is dropped then.
+        """
+        entry = self._pop((seq, layer))
+        stored = seq.tokens(layer)
+        if entry is not None and (entry.count != stored or entry.keys.device != keys.device):
+            entry = None  # stale: rebuilt from what the sequence stores
+        start = stored if entry is None else entry.count
+        need = start + keys.shape[1]
+        grown = self._room(entry, need, keys)
+        if grown is None:
+            return None
+        if entry is None:
+            _copy_blocks(seq.kv_blocks(layer) if stored else [], grown)
+        grown.keys[:, start:need].copy_(keys)
+        grown.values[:, start:need].copy_(values)
+        grown.count = need
+        self._entries[(seq, layer)] = grown
+        self._held += grown.nbytes
+        return grown.keys[:, :need], grown.values[:, :need]
+
+    def retain(self, seqs: list[Sequence]) -> None:
+        """Drop the entries of sequences not in ``seqs``."""
+        keep = {id(s) for s in seqs}
+        for key in [key for key in self._entries if id(key[0]) not in keep]:
+            self._pop(key)
+
+    def clear(self) -> None:
+        """Drop every entry (their memory is freed once no attention reads it)."""
+        self._entries.clear()
+        self._held = 0
+
+    def _pop(self, key: tuple[Sequence, int]) -> _Entry | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._held -= entry.nbytes
+        return entry
+
+    def _room(self, entry: _Entry | None, need: int, like: torch.Tensor) -> _Entry | None:
+        """``entry`` (taken out of the mirror) with room for ``need`` tokens, its held
+        tokens kept: itself, or grown (doubling, within ``max_bytes``); a new one when
+        ``None``. ``None`` when ``need`` tokens do not fit."""
+        if entry is not None and entry.keys.shape[1] >= need:
+            return entry
+        H, _, D = like.shape
+        token_bytes = 2 * H * D * like.element_size()
+        room = (self.max_bytes - self._held) // token_bytes
+        cap = min(max(need, 2 * entry.keys.shape[1]) if entry is not None else need, room)
+        if cap < need:
+            return None
+        try:
+            keys = torch.empty(H, cap, D, dtype=like.dtype, device=like.device)
+            values = torch.empty_like(keys)
+        except torch.OutOfMemoryError:
+            return None
+        if entry is None:
+            return _Entry(keys, values, 0)
+        keys[:, :entry.count].copy_(entry.keys[:, :entry.count])
+        values[:, :entry.count].copy_(entry.values[:, :entry.count])
+        return _Entry(keys, values, entry.count)
+
+
+def _copy_blocks(blocks: list[tuple[torch.Tensor, torch.Tensor]], entry: _Entry) -> None:
+    """``blocks`` (a row's stored tokens) into ``entry``'s first rows, one after another."""
+    pos = 0
+    for k, v in blocks:
+        n = k.shape[1]
+        copy_across(k, entry.keys[:, pos:pos + n])
+        copy_across(v, entry.values[:, pos:pos + n])
+        pos += n
