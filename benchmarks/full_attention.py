@@ -149,6 +149,12 @@ class FullCache(Cache):
         self.close()
 
     # -- what the layers and the attention function call -----------------------------------
+    @torch.compiler.disable  # the layers compile around it (integrations.hf.layer_compile)
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' ``Cache.update``, opaque to ``torch.compile``."""
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
     def check_room(self, seen: int, new: int) -> None:
         """Raise :class:`CapacityError` if ``new`` tokens after ``seen`` do not fit."""
         if seen + new > self.max_len:
@@ -202,6 +208,7 @@ class FullCache(Cache):
         self.cu_k.copy_(rows)
 
 
+@torch.compiler.disable  # the layers compile around it (integrations.hf.layer_compile)
 def full_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                    value: torch.Tensor, attention_mask: torch.Tensor | None,
                    dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,

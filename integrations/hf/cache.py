@@ -208,6 +208,13 @@ class WaveCache(BranchingMixin, Cache):
         self.close()
 
     # -- what the model and attention function call --------------------------------------
+    @torch.compiler.disable  # the layers compile around it (integrations.hf.layer_compile)
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' ``Cache.update`` (each layer stages its step), opaque to
+        ``torch.compile``."""
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
     def stage(self, layer: int) -> None:
         """Mark ``layer``'s next attention call as this cache's (from ``update``)."""
         if self.is_closed:

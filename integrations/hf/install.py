@@ -51,6 +51,9 @@ class _Registration:
         self.previous_mask = previous_mask
         self.users = 0
 
+    # opaque to torch.compile: decoder layers compile around the store's attention
+    # (integrations.hf.layer_compile)
+    @torch.compiler.disable
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
         return vecstore_attention(*args, **kwargs)
 

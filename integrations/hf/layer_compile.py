@@ -1,19 +1,23 @@
 """A model's decoder layers compiled around their attention, for fixed-shape decode steps.
 
 A captured decode step launches, beside its attention kernels, the model's own small
-operations: per layer two RMSNorms of some eight kernels each, two residual adds, the
-MLP's activation and product; once a step the final norm and the rotary embedding's
-cosines and sines; a microsecond or two each even replayed in a CUDA graph.
-:class:`CompiledLayers` fuses them with ``torch.compile`` (Inductor) and leaves each
-layer's attention module as it is: its projections, RoPE, cache update and attention
-function run uncompiled, one graph break a layer, the split serving engines make too (vLLM
-compiles its models piecewise, cut at attention). The attention stays the store's (or the
-baseline's) own device step.
+operations: per layer two RMSNorms of some eight kernels each, RoPE's products, negation
+and concatenations for the queries and the keys, two residual adds, the MLP's activation
+and product; once a step the final norm and the rotary embedding's cosines and sines; a
+microsecond or two each even replayed in a CUDA graph. :class:`CompiledLayers` fuses them
+with ``torch.compile`` (Inductor): each decoder layer is compiled whole but for the cache's
+``update`` and the attention function, which are opaque to the compiler
+(``torch.compiler.disable``: :meth:`integrations.hf.cache.WaveCache.update` and the
+attention function registered under ``"vecstore"``), two graph breaks a layer: the cut
+serving engines make too (vLLM compiles its models piecewise, split at attention). The
+attention stays the store's (or the baseline's) own device step.
 
 Compiled forwards are swapped in only while :meth:`CompiledLayers.active` lasts: the
 fixed-shape steps, whose shapes repeat. Prefill and ordinary steps run the model as it is
-(every new shape would compile again). Each layer shares one compiled graph per shape
-(the layers' parameters are the graph's inputs); the first step of a shape compiles.
+(every new shape would compile again). The code before a layer's cache update compiles
+once per layer (each layer passes its own ``layer_idx``, a constant to the compiler; the
+graphs are the same, and Inductor's cache serves all but the first), the rest once for all
+layers; the first fixed-shape step of a batch size compiles them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from integrations.hf.capabilities import attention_modules
 from vecstore.errors import IncompatibleError
 
 __all__ = ["CompiledLayers", "decoder_layers"]
+
+_SHARED_FRAMES = 8  # dynamo's own default limit of compiled variants of one frame
 
 
 def decoder_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
@@ -66,14 +72,17 @@ def _around_layers(model: torch.nn.Module, first_layer: torch.nn.Module) -> list
 
 
 class CompiledLayers:
-    """``model``'s decoder layers, each compiled with its attention module left out, and
-    the modules beside them (final norm, rotary embedding) compiled.
+    """``model``'s decoder layers and the modules beside them (final norm, rotary
+    embedding), compiled.
 
     Parameters
     ----------
     model : torch.nn.Module
-        A transformers decoder model (its attention modules found as
-        :func:`~integrations.hf.capabilities.attention_modules` finds them).
+        A transformers decoder model (its layers found by their attention modules, as
+        :func:`~integrations.hf.capabilities.attention_modules` finds them), run with a
+        cache whose ``update`` and an attention function that are opaque to the compiler
+        (a :class:`~integrations.hf.cache.WaveCache`; any other is compiled into the
+        layers' graphs as transformers' own caches are).
 
     Examples
     --------
@@ -90,23 +99,22 @@ class CompiledLayers:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        pairs = decoder_layers(model)
-        around = _around_layers(model, pairs[0][0]) if pairs else []
-        # made once: the compiled code is guarded on the attention forward it calls, so a new
-        # wrapper at each activation would compile the layers again
-        self._swaps = [
-            *((m, torch.compile(m.forward, dynamic=False))
-              for m in [layer for layer, _ in pairs] + around),
-            *((attn, torch.compiler.disable(attn.forward)) for _, attn in pairs)]
+        layers = [layer for layer, _ in decoder_layers(model)]
+        around = _around_layers(model, layers[0]) if layers else []
+        self._swaps = [(m, torch.compile(m.forward, dynamic=False)) for m in layers + around]
+        # a frame per layer before its cache update, and the frames shared by all
+        self._limit = len(layers) + _SHARED_FRAMES
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """The compiled forwards stand in for the modules' own until the block ends."""
         saved = [(module, module.__dict__.get("forward")) for module, _ in self._swaps]
+        limit = max(self._limit, torch._dynamo.config.recompile_limit)
         try:
             for module, forward in self._swaps:
                 module.forward = forward
-            yield
+            with torch._dynamo.config.patch(recompile_limit=limit):
+                yield
         finally:
             for module, forward in saved:
                 _restore(module, forward)

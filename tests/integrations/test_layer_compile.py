@@ -1,10 +1,13 @@
-"""Decoder layers compiled around their attention (``WaveCache(compile_layers=True)``), on
-the CPU with the fused step replaced by exact attention in torch (Inductor compiles the
+"""Decoder layers compiled around the store's attention (``WaveCache(compile_layers=True)``),
+on the CPU with the fused step replaced by exact attention in torch (Inductor compiles the
 layers for the CPU; the CUDA-graph path runs under ``-m gpu``): the same tokens as
-DynamicCache across segment flushes with a left-padded batch, one set of compiled graphs
-whatever the number of layers, attention never traced, forwards restored."""
+DynamicCache across segment flushes with a left-padded batch, graphs shared by the layers
+past dynamo's default limit, the cache update and attention never traced, forwards
+restored."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from torch._dynamo.utils import counters
 from transformers import DynamicCache
 
 from integrations.hf import WaveCache
+from integrations.hf.cache_layer import WaveCacheLayer
 from integrations.hf.layer_compile import CompiledLayers, decoder_layers
 from tests.integrations.exact_decode import exact_decode
 from tests.integrations.hf_models import generate, left_padded, tiny_model
@@ -37,8 +41,8 @@ def _generate(model, ids, mask, new, **cache_kw):
         return out, cache.graph.static_steps
 
 
-@pytest.mark.parametrize("layers", [2, 4])
-def test_compiled_steps_equal_dynamic_cache_with_one_set_of_graphs(layers):
+@pytest.mark.parametrize("layers", [2, 10])
+def test_compiled_steps_equal_dynamic_cache_with_shared_graphs(layers):
     model = tiny_model("llama", 4, 2, seed=1, layers=layers)
     ids, mask = left_padded([30, 45, 21], seed=1)
     new = 30  # update_tokens 8: the tails index segments three times, each recaptured
@@ -49,28 +53,31 @@ def test_compiled_steps_equal_dynamic_cache_with_one_set_of_graphs(layers):
     out, static = _generate(model, ids, mask, new, compile_layers=True)
     assert torch.equal(out, ref)
     assert static == new - 1 - 4  # as without compiling: the fixed-shape steps ran compiled
-    # the norm before the attention and the rest of the layer after it, two graphs for
-    # every layer (a graph per layer would recompile up to dynamo's limit, then run eager),
-    # and the final norm and the rotary embedding
-    assert counters["stats"]["unique_graphs"] == 4
+    # a graph per layer up to its cache update (its layer_idx is a constant), all compiled
+    # past dynamo's default limit of 8; the rest of the layers, the final norm and the
+    # rotary embedding shared by all layers
+    assert counters["stats"]["unique_graphs"] == layers + 5
 
 
-def test_the_attention_module_runs_uncompiled_and_forwards_come_back():
+def test_the_cache_update_and_the_attention_run_uncompiled_and_forwards_come_back(
+        monkeypatch):
     model = tiny_model("llama", 4, 2, seed=2, layers=2)
     ids, mask = left_padded([20, 26], seed=2)
-    traced: list[bool] = []
-    for _, attn in decoder_layers(model):
-        inner = attn.forward
+    traced: dict[str, list[bool]] = {"update": [], "attention": []}
+    install_module = sys.modules["integrations.hf.install"]
+    for owner, name, key in ((WaveCacheLayer, "update", "update"),
+                             (install_module, "vecstore_attention", "attention")):
+        inner = getattr(owner, name)
 
-        def spy(*args, _inner=inner, **kwargs):
-            traced.append(torch.compiler.is_compiling())
+        def spy(*args, _inner=inner, _key=key, **kwargs):
+            traced[_key].append(torch.compiler.is_compiling())
             return _inner(*args, **kwargs)
 
-        attn.forward = spy
+        monkeypatch.setattr(owner, name, spy)
     _generate(model, ids, mask, 6, compile_layers=True)
-    assert traced and not any(traced)  # every call eager, none traced into a graph
-    for layer, attn in decoder_layers(model):
-        assert "forward" not in vars(layer) and vars(attn)["forward"].__name__ == "spy"
+    # every call eager: the store's side of the step is never traced into a graph
+    assert all(traced.values()) and not any(any(v) for v in traced.values())
+    assert all("forward" not in vars(m) for pair in decoder_layers(model) for m in pair)
 
 
 def test_forwards_come_back_when_the_step_raises():
