@@ -23,7 +23,8 @@ Caches (``--caches``):
   each row's keys into, one graph each, on the same cache) and the fastest is its row;
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor, KV on the GPU;
 - ``wave-pinned``: the same with ``kvstore.kind = "pinned"`` (KV in pinned host memory,
-  served through the GPU block cache);
+  served through the GPU block cache; its prefill keeps the rows' stored prefixes on the
+  GPU across the chunks, ``attention.prefill_mirror_gb``);
 - ``dynamic``, ``static``: transformers' ``DynamicCache`` / ``StaticCache`` with ``sdpa``
   ("transformers' defaults": reported, never a baseline).
 

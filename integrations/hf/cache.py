@@ -193,7 +193,10 @@ class WaveCache(BranchingMixin, Cache):
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
-        """Detach from the model (restoring its attention) and close an owned store."""
+        """Detach from the model (restoring its attention), free what the prompt's prefill
+        holds on the device and close an owned store."""
+        if self._attention is not None:
+            self._attention.release()
         self._finalizer()
 
     @property
