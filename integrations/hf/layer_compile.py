@@ -17,7 +17,10 @@ fixed-shape steps, whose shapes repeat. Prefill and ordinary steps run the model
 (every new shape would compile again). The code before a layer's cache update compiles
 once per layer (each layer passes its own ``layer_idx``, a constant to the compiler; the
 graphs are the same, and Inductor's cache serves all but the first), the rest once for all
-layers; the first fixed-shape step of a batch size compiles them.
+layers; the first fixed-shape step of a batch size compiles them, and a new cache of the
+same type reuses them. Dynamo's limit on compiled variants of one frame is raised while the
+layers are active to cover ``_VARIANTS`` batch sizes or cache types per layer: past it, a
+layer would run uncompiled.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from vecstore.errors import IncompatibleError
 __all__ = ["CompiledLayers", "decoder_layers"]
 
 _SHARED_FRAMES = 8  # dynamo's own default limit of compiled variants of one frame
+_VARIANTS = 8  # batch sizes and cache types a process may compile each layer for
 
 
 def decoder_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
@@ -102,8 +106,9 @@ class CompiledLayers:
         layers = [layer for layer, _ in decoder_layers(model)]
         around = _around_layers(model, layers[0]) if layers else []
         self._swaps = [(m, torch.compile(m.forward, dynamic=False)) for m in layers + around]
-        # a frame per layer before its cache update, and the frames shared by all
-        self._limit = len(layers) + _SHARED_FRAMES
+        # a frame per layer before its cache update for each batch size and cache type (a
+        # FullCache beside the WaveCaches in a benchmark), and the frames shared by all
+        self._limit = len(layers) * _VARIANTS + _SHARED_FRAMES
 
     @contextmanager
     def active(self) -> Iterator[None]:

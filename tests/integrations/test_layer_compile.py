@@ -103,3 +103,22 @@ def test_an_attention_module_outside_a_decoder_layer_is_refused():
     attn = tiny_model("llama", 4, 2, seed=5, layers=1).model.layers[0].self_attn
     with pytest.raises(IncompatibleError, match="LlamaAttention is not held by a decoder"):
         CompiledLayers(attn)
+
+
+def test_batch_sizes_and_cache_types_compile_every_layer(caplog):
+    # ten layers, two batch sizes of WaveCache and a FullCache in one process: thirty
+    # variants of the frame before the cache update, past dynamo's limit but for the raise
+    from benchmarks.full_attention import FullCache
+    from benchmarks.full_graph import DecodeGraph
+
+    model = tiny_model("llama", 4, 2, seed=6, layers=10)
+    torch._dynamo.reset()
+    for lengths in ([30, 45, 21], [40, 33]):
+        ids, mask = left_padded(lengths, seed=6)
+        _generate(model, ids, mask, 4, compile_layers=True)
+    ids, mask = left_padded([30, 45, 21], seed=6)
+    with FullCache(model, 3, 64) as cache, torch.no_grad():
+        model(ids, attention_mask=mask, use_cache=True, cache=cache)
+        step = DecodeGraph(model, cache, compile_layers=True)
+        step(ids[:, -1:])
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
