@@ -1,12 +1,16 @@
 """A stand-in for the wave executor's fused step that attends to every stored row exactly,
 in plain torch: tests of the host side of the fused path (bookkeeping, buffers, capture)
-run fast on CPU, and their tokens must equal full attention's."""
+run fast on CPU, and their tokens must equal full attention's. :data:`CPU_WAVE` is a small
+store configuration for them, :func:`exact_wave_step` the fixture that puts the stand-in
+in place (modules use it with ``pytest.mark.usefixtures``)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vecstore.executor.base import Steady
+from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.executor.wave_state import DecodeResult, PreparedView
 from vecstore.kernels.reference import softcap_
 from vecstore.kernels.zones import Zones
@@ -41,3 +45,16 @@ def exact_decode(self: object, prep: PreparedView, steady: Steady, q: torch.Tens
         t.zero_()
     return DecodeResult(out=out.reshape(B, Hq, D).to(q.dtype), lse=lse.reshape(B, Hq),
                         zones=zones, parts_lse=lse.reshape(B * Hq, 1), num_exact_parts=1)
+
+
+CPU_WAVE = {"index": {"tokens_per_cluster": 4, "segment_tokens": 32},
+            "attention": {"sink_tokens": 2, "window_tokens": 4, "update_tokens": 8},
+            "executor": {"kind": "wave", "device": "cpu"}}
+"""Small segments and tails on the CPU: a few dozen decode steps index segments."""
+
+
+@pytest.fixture
+def exact_wave_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wave executor's fused step replaced by :func:`exact_decode`."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused path takes CPU tensors
+    monkeypatch.setattr(WaveExecutor, "decode", exact_decode)

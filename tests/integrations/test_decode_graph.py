@@ -13,22 +13,13 @@ from transformers import DynamicCache
 from integrations.hf import WaveCache
 from integrations.hf.cache import cache_kwarg
 from integrations.hf.decode_graph import DecodeGraph
-from tests.integrations.exact_decode import exact_decode
+from tests.integrations.exact_decode import CPU_WAVE, exact_wave_step  # noqa: F401
 from tests.integrations.hf_models import arch_model, generate, left_padded, tiny_model
 from tests.syncs import HostSyncs
 from vecstore.engine.decoder import flush_due
 from vecstore.errors import InvalidValueError
-from vecstore.executor.wave_exec import WaveExecutor
 
-WAVE = {"index": {"tokens_per_cluster": 4, "segment_tokens": 32},
-        "attention": {"sink_tokens": 2, "window_tokens": 4, "update_tokens": 8},
-        "executor": {"kind": "wave", "device": "cpu"}}
-
-
-@pytest.fixture(autouse=True)
-def _exact_step(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused path takes CPU tensors
-    monkeypatch.setattr(WaveExecutor, "decode", exact_decode)
+pytestmark = pytest.mark.usefixtures("exact_wave_step")
 
 
 def _wave(cache: WaveCache) -> None:
@@ -54,7 +45,7 @@ def test_fixed_shape_steps_equal_ordinary_steps_across_flushes(arch, lengths):
                    do_sample=False, eos_token_id=None)
     runs, segments = {}, {}
     for graphs in (False, True):
-        with WaveCache(WAVE, model, cuda_graphs=graphs) as cache:
+        with WaveCache(CPU_WAVE, model, cuda_graphs=graphs) as cache:
             _wave(cache)
             runs[graphs] = generate(model, ids, cache, attention_mask=mask,
                                     max_new_tokens=new, do_sample=False, eos_token_id=None)
@@ -77,7 +68,7 @@ def test_soft_capped_fixed_shape_steps_equal_dynamic_cache():
     ids, mask = left_padded([30, 45], seed=5)
     kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=None)
     ref = generate(model, ids, DynamicCache(config=model.config), **kwargs)
-    with WaveCache(WAVE, model, cuda_graphs=True) as cache:
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True) as cache:
         _wave(cache)
         out = generate(model, ids, cache, **kwargs)
         assert cache.graph.static_steps > 0
@@ -88,7 +79,7 @@ def test_fixed_shape_step_does_not_sync():
     model = tiny_model("llama", 4, 2, layers=3)
     ids, mask = left_padded([60, 75], seed=2)
     kw = cache_kwarg(model)
-    with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
         _wave(cache)
         model(ids, attention_mask=mask, use_cache=True, **{kw: cache})
         nxt = ids[:, -1:]
@@ -121,7 +112,7 @@ def test_nan_step_is_reported_and_not_stored():
     model = tiny_model("llama", 4, 2)
     ids, mask = left_padded([50, 64], seed=4)
     kw = cache_kwarg(model)
-    with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
         _decoding(model, cache, ids, mask, 3)
         nxt = ids[:, -1:]
         counts = [s.num_tokens for s in cache.sequences]
@@ -140,14 +131,14 @@ def test_nan_step_is_reported_and_not_stored():
 def test_forward_is_restored_whatever_order_caches_close():
     model = tiny_model("llama", 4, 2)
     plain = model.forward
-    a = WaveCache(WAVE, model, cuda_graphs=True)
-    b = WaveCache(WAVE, model, cuda_graphs=True)
+    a = WaveCache(CPU_WAVE, model, cuda_graphs=True)
+    b = WaveCache(CPU_WAVE, model, cuda_graphs=True)
     assert isinstance(model.forward, DecodeGraph) and model.forward.forward is a.graph
     a.close()
     assert model.forward is b.graph and b.graph.forward == plain
     b.close()
     assert "forward" not in model.__dict__ and model.forward == plain
-    with WaveCache(WAVE, model, cuda_graphs=False):
+    with WaveCache(CPU_WAVE, model, cuda_graphs=False):
         assert "forward" not in model.__dict__
 
 
@@ -155,7 +146,7 @@ def test_inference_mode_decoding_then_stats_and_queries_outside():
     model = tiny_model("llama", 4, 2)
     ids, mask = left_padded([40, 40], seed=6)
     kw = cache_kwarg(model)
-    with WaveCache(WAVE, model, cuda_graphs=True) as cache:
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True) as cache:
         with torch.inference_mode():  # buffers made here are inference tensors
             _decoding(model, cache, ids, mask, 4)
         assert cache.graph.static_steps == 3
@@ -172,7 +163,7 @@ def test_nan_in_the_last_step_before_a_flush_is_reported_before_the_flush():
     model = tiny_model("llama", 4, 2)
     ids, mask = left_padded([40, 40], seed=7)
     kw = cache_kwarg(model)
-    with WaveCache(WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True) as cache, torch.no_grad():
         _decoding(model, cache, ids, mask, 1)
         nxt = ids[:, -1:]
         while True:  # fixed-shape steps until the next one is the last before a flush
@@ -196,7 +187,7 @@ def test_fixed_shape_steps_slice_no_tail_views(monkeypatch):
 
     model = tiny_model("llama", 4, 2, seed=2)
     ids, mask = left_padded([30, 25], seed=2)
-    with WaveCache(WAVE, model, cuda_graphs=True) as cache:
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True) as cache:
         _decoding(model, cache, ids, mask, 3)  # prefill, then ordinary and first static steps
         sliced = []
         original = TailBuffer.row

@@ -17,24 +17,15 @@ from transformers import DynamicCache
 from integrations.hf import WaveCache
 from integrations.hf.cache_layer import WaveCacheLayer
 from integrations.hf.layer_compile import CompiledLayers, decoder_layers
-from tests.integrations.exact_decode import exact_decode
+from tests.integrations.exact_decode import CPU_WAVE, exact_wave_step  # noqa: F401
 from tests.integrations.hf_models import generate, left_padded, tiny_model
 from vecstore.errors import IncompatibleError, InvalidValueError
-from vecstore.executor.wave_exec import WaveExecutor
 
-WAVE = {"index": {"tokens_per_cluster": 4, "segment_tokens": 32},
-        "attention": {"sink_tokens": 2, "window_tokens": 4, "update_tokens": 8},
-        "executor": {"kind": "wave", "device": "cpu"}}
-
-
-@pytest.fixture(autouse=True)
-def _exact_step(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused path takes CPU tensors
-    monkeypatch.setattr(WaveExecutor, "decode", exact_decode)
+pytestmark = pytest.mark.usefixtures("exact_wave_step")
 
 
 def _generate(model, ids, mask, new, **cache_kw):
-    with WaveCache(WAVE, model, cuda_graphs=True, **cache_kw) as cache:
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True, **cache_kw) as cache:
         cache.store._executor.backend = "triton"
         out = generate(model, ids, cache, attention_mask=mask, max_new_tokens=new,
                        do_sample=False, eos_token_id=None)
@@ -94,9 +85,9 @@ def test_forwards_come_back_when_the_step_raises():
 def test_compile_layers_needs_fixed_shape_steps():
     model = tiny_model("llama", 4, 2, seed=4, layers=2)
     with pytest.raises(InvalidValueError, match="compile_layers: .*cuda_graphs=True"):
-        WaveCache(WAVE, model, cuda_graphs=False, compile_layers=True)
+        WaveCache(CPU_WAVE, model, cuda_graphs=False, compile_layers=True)
     with pytest.raises(InvalidValueError, match="compile_layers"):  # CPU: no graphs by default
-        WaveCache(WAVE, model, compile_layers=True)
+        WaveCache(CPU_WAVE, model, compile_layers=True)
 
 
 def test_an_attention_module_outside_a_decoder_layer_is_refused():
