@@ -18,7 +18,7 @@ from integrations.hf import WaveCache
 from integrations.hf.cache_layer import WaveCacheLayer
 from integrations.hf.layer_compile import CompiledLayers, decoder_layers
 from tests.integrations.exact_decode import CPU_WAVE, exact_wave_step  # noqa: F401
-from tests.integrations.hf_models import generate, left_padded, tiny_model
+from tests.integrations.hf_models import arch_model, generate, left_padded, tiny_model
 from vecstore.errors import IncompatibleError, InvalidValueError
 
 pytestmark = pytest.mark.usefixtures("exact_wave_step")
@@ -113,3 +113,19 @@ def test_batch_sizes_and_cache_types_compile_every_layer(caplog):
         step = DecodeGraph(model, cache, compile_layers=True)
         step(ids[:, -1:])
     assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("arch", "settings"), [
+    ("qwen2", {}),  # biased projections
+    ("gemma2", {"layer_types": ["full_attention"] * 2}),  # soft-capped, scaled embeddings
+])
+def test_other_architectures_compile_to_the_same_tokens(arch, settings):
+    model = arch_model(arch, **settings)
+    ids, mask = left_padded([30, 45], seed=7)
+    kwargs = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None)
+    ref = generate(model, ids, DynamicCache(config=model.config), **kwargs)
+    with WaveCache(CPU_WAVE, model, cuda_graphs=True, compile_layers=True) as cache:
+        cache.store._executor.backend = "triton"
+        out = generate(model, ids, cache, **kwargs)
+        assert cache.graph.static_steps > 0
+    assert torch.equal(out, ref)
