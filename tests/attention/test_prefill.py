@@ -38,21 +38,31 @@ def _qkv(B, T, heads, D=8, seed=0):
             torch.randn(B, Hkv, T, D, generator=gen))
 
 
-def _chunked(config, q, k, v, valid, chunk):
-    """Prefill ``q, k, v`` chunk by chunk through StoreAttention; returns the outputs
-    and the sequences (store closed)."""
-    B, Hkv, T, D = k.shape
+def prefill_cuts(config, q, k, v, valid, cuts, *, between=None):
+    """Prefill ``q, k, v`` through one StoreAttention in the chunks ``cuts`` delimits;
+    ``between(i, attn)`` runs before chunk ``i``. Returns the outputs, the sequences and
+    the attention (its store closed)."""
+    B, Hkv, _, D = k.shape
     outs = []
     with Store.open(config=config) as store:
         seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=Hkv, head_dim=D,
                              dtype=k.dtype) for b in range(B)]
         attn = StoreAttention(store, seqs)
-        for s in range(0, T, chunk):
-            part = slice(s, s + chunk)
-            mask = None if valid is None else valid[:, part]
-            outs.append(attn(0, q[:, :, part], k[:, :, part], v[:, :, part], valid=mask))
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+            if between is not None:
+                between(i, attn)
+            mask = None if valid is None else valid[:, a:b]
+            outs.append(attn(0, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], valid=mask))
         assert attn.decode_stats.queries == 0  # prefill never queries the index
-    return torch.cat(outs, dim=2), seqs
+    return torch.cat(outs, dim=2), seqs, attn
+
+
+def _chunked(config, q, k, v, valid, chunk):
+    """Prefill ``q, k, v`` chunk by chunk through StoreAttention; returns the outputs
+    and the sequences (store closed)."""
+    T = k.shape[2]
+    out, seqs, _ = prefill_cuts(config, q, k, v, valid, [*range(0, T, chunk), T])
+    return out, seqs
 
 
 @pytest.mark.parametrize("kind", ["memory", "pinned"])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from attention import StoreAttention, prefill
 from attention.prefix_mirror import PrefixMirror
-from tests.attention.test_prefill import SMALL, _qkv, _reference
+from tests.attention.test_prefill import SMALL, _qkv, _reference, prefill_cuts
 from tests.reference import rel_err
 from vecstore import Store
 from vecstore.engine.sequence import Sequence
@@ -34,23 +34,12 @@ def _valid(lengths: list[int], T: int) -> torch.Tensor:
 
 
 def _run(config, q, k, v, valid, cuts, *, between=None):
-    """Prefill ``q, k, v`` through one StoreAttention in the chunks ``cuts`` delimits;
-    ``between(i, attn)`` runs before chunk ``i``. Returns the outputs and the attention
-    (its store closed)."""
-    B, Hkv, _, D = k.shape
-    outs = []
-    with Store.open(config=config) as store:
-        seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=Hkv, head_dim=D,
-                             dtype=k.dtype) for b in range(B)]
-        attn = StoreAttention(store, seqs)
-        for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
-            if between is not None:
-                between(i, attn)
-            mask = None if valid is None else valid[:, a:b]
-            outs.append(attn(0, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], valid=mask))
-        # the later chunks' prefix was indexed between them (rows in the tier)
-        assert all(len(s.layers[0].segments) >= 2 for s in seqs if s.num_tokens >= 150)
-    return torch.cat(outs, dim=2), attn
+    """Prefill ``q, k, v`` in the chunks ``cuts`` delimits (:func:`prefill_cuts`);
+    returns the outputs and the attention (its store closed)."""
+    out, seqs, attn = prefill_cuts(config, q, k, v, valid, cuts, between=between)
+    # the later chunks' prefix was indexed between them (rows in the tier)
+    assert all(len(s.layers[0].segments) >= 2 for s in seqs if s.num_tokens >= 150)
+    return out, attn
 
 
 @pytest.fixture
