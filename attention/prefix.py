@@ -24,7 +24,7 @@ import torch
 
 from vecstore.kvstore.row_transfer import copy_across
 
-__all__ = ["Blocks", "Group", "groups_on_device"]
+__all__ = ["Blocks", "Group", "groups_on_device", "pack_blocks"]
 
 Blocks = list[tuple[torch.Tensor, torch.Tensor]]
 """``[Hkv, n, D]`` key and value blocks, in the order they are laid out."""
@@ -150,18 +150,26 @@ def _gather(rows: list[Blocks], span: range, device: torch.device,
         # the new pair may reuse memory the current stream is still reading
         side.wait_stream(torch.cuda.current_stream(device))
     for r in span:
-        for k, v in rows[r]:
-            n = k.shape[1]
-            if side is not None and k.device != device:
+        for block in rows[r]:
+            if side is not None and block[0].device != device:
                 with torch.cuda.stream(side):
-                    copy_across(k, keys[:, pos:pos + n])
-                    copy_across(v, values[:, pos:pos + n])
+                    pos = pack_blocks([block], keys, values, pos)
                 ready = side.record_event()
             else:
-                keys[:, pos:pos + n].copy_(k)
-                values[:, pos:pos + n].copy_(v)
-            pos += n
+                pos = pack_blocks([block], keys, values, pos)
     return Group(span, keys, values, offsets), ready
+
+
+def pack_blocks(blocks: Blocks, keys: torch.Tensor, values: torch.Tensor, pos: int = 0) -> int:
+    """Copy ``blocks`` one after another into ``keys``, ``values`` ``[Hkv, T, D]`` from
+    token ``pos`` on, on the current stream (host rows by
+    :func:`~vecstore.kvstore.row_transfer.copy_across`); returns where they end."""
+    for k, v in blocks:
+        n = k.shape[1]
+        copy_across(k, keys[:, pos:pos + n])
+        copy_across(v, values[:, pos:pos + n])
+        pos += n
+    return pos
 
 
 @cache

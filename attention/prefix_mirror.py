@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attention.prefix import pack_blocks
 from vecstore import Sequence
-from vecstore.kvstore.row_transfer import copy_across
 
 __all__ = ["PrefixMirror"]
 
@@ -106,7 +106,7 @@ class PrefixMirror:
         if grown is None:
             return None
         if entry is None:
-            _copy_blocks(seq.kv_blocks(layer) if stored else [], grown)
+            pack_blocks(seq.kv_blocks(layer) if stored else [], grown.keys, grown.values)
         grown.keys[:, start:need].copy_(keys)
         grown.values[:, start:need].copy_(values)
         grown.count = need
@@ -153,13 +153,3 @@ class PrefixMirror:
         keys[:, :entry.count].copy_(entry.keys[:, :entry.count])
         values[:, :entry.count].copy_(entry.values[:, :entry.count])
         return _Entry(keys, values, entry.count)
-
-
-def _copy_blocks(blocks: list[tuple[torch.Tensor, torch.Tensor]], entry: _Entry) -> None:
-    """``blocks`` (a row's stored tokens) into ``entry``'s first rows, one after another."""
-    pos = 0
-    for k, v in blocks:
-        n = k.shape[1]
-        copy_across(k, entry.keys[:, pos:pos + n])
-        copy_across(v, entry.values[:, pos:pos + n])
-        pos += n
