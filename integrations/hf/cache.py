@@ -16,7 +16,6 @@ one :class:`vecstore.Sequence`; padding is never stored.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import weakref
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from attention import DecodeStats, StoreAttention
 from integrations.hf.branching import BranchingMixin
 from integrations.hf.cache_arg import cache_kwarg
 from integrations.hf.cache_layer import WaveCacheLayer
+from integrations.hf.cache_setup import create_rows, decode_graphs, place_rows, store_config
 from integrations.hf.capabilities import check_sequence
 from integrations.hf.decode_graph import DecodeGraph, graphed_forward
 from integrations.hf.install import (
@@ -43,9 +43,8 @@ from integrations.hf.install import (
 from integrations.hf.model_stats import ModelDecodeStats, model_decode_stats
 from integrations.hf.window_cache import WindowLayer
 from vecstore import Sequence, Store, StoreConfig
-from vecstore.config import load_config
 from vecstore.engine.decoder import BatchDecoder
-from vecstore.errors import IncompatibleError, InvalidValueError, ShapeError, StoreClosedError
+from vecstore.errors import IncompatibleError, ShapeError, StoreClosedError
 
 __all__ = ["WaveCache", "WaveCacheLayer", "cache_kwarg"]
 
@@ -105,11 +104,11 @@ class WaveCache(BranchingMixin, Cache):
                  compile_layers: bool = False) -> None:
         shape = model_shape(model)
         assert model is not None  # model_shape raised otherwise
-        cuda_graphs = _graphs(cuda_graphs, compile_layers, shape.device)
+        cuda_graphs = decode_graphs(cuda_graphs, compile_layers, shape.device)
         if isinstance(store_or_config, Store):
             store, owned = store_or_config, False
         else:
-            store, owned = Store.open(config=_config_for(store_or_config, shape)), True
+            store, owned = Store.open(config=store_config(store_or_config, shape)), True
         self._setup(store, owned, model, shape, name or f"hf-{secrets.token_hex(4)}", None,
                     cuda_graphs, compile_layers)
 
@@ -122,7 +121,7 @@ class WaveCache(BranchingMixin, Cache):
         self.fingerprint = model_fingerprint(model)
         if resumed is not None:
             check_sequence(resumed, shape, self.fingerprint)
-            _place(resumed, shape)
+            place_rows(resumed, shape)
         seen = resumed.num_tokens if resumed is not None else 0
         self._slots = {layer: slot for slot, layer in enumerate(shape.store_layers)}
         windows = shape.windows or (None,) * shape.num_layers
@@ -177,7 +176,7 @@ class WaveCache(BranchingMixin, Cache):
             If the sequence was built for a different model (fingerprint or shape).
         """
         shape = model_shape(model)
-        cuda_graphs = _graphs(cuda_graphs, compile_layers, shape.device)
+        cuda_graphs = decode_graphs(cuda_graphs, compile_layers, shape.device)
         owned = not isinstance(store_or_path, Store)
         store = Store.open(store_or_path, config) if owned else store_or_path
         assert isinstance(store, Store)
@@ -246,7 +245,8 @@ class WaveCache(BranchingMixin, Cache):
             return self._route.attend(slot, q, k, v, scale if scale is not None
                                       else q.shape[-1] ** -0.5, softcap)
         if self._attention is None:
-            self._attention = StoreAttention(self.store, self._create(q.shape[0]))
+            self._attention = StoreAttention(self.store, create_rows(
+                self.store, self.name, q.shape[0], self.shape, self.fingerprint))
         elif self._branches is None and q.shape[0] != len(self._attention.seqs):
             raise ShapeError(f"batch: this WaveCache holds {len(self._attention.seqs)} rows, "
                              f"got a step with {q.shape[0]}")
@@ -277,16 +277,6 @@ class WaveCache(BranchingMixin, Cache):
         """Send the attention calls to ``decoder`` (``None``: through the store again)."""
         self._route = decoder
 
-    def _create(self, batch: int) -> list[Sequence]:
-        names = [self.name] if batch == 1 else [f"{self.name}.{b}" for b in range(batch)]
-        s = self.shape
-        seqs = [self.store.create(n, num_layers=len(s.store_layers), num_kv_heads=s.num_kv_heads,
-                                  head_dim=s.head_dim, dtype=s.dtype,
-                                  fingerprint=self.fingerprint) for n in names]
-        for seq in seqs:
-            _place(seq, s)
-        return seqs
-
     # -- inspection ----------------------------------------------------------------------
     @property
     def sequences(self) -> list[Sequence]:
@@ -302,29 +292,3 @@ class WaveCache(BranchingMixin, Cache):
         base = self._attention.decode_stats if self._attention is not None else DecodeStats()
         return model_decode_stats(base, self._branches, self.shape, self.layers)
 
-
-def _config_for(config: StoreConfig | Mapping[str, Any] | str | Path | None,
-                shape: ModelShape) -> StoreConfig:
-    cfg = load_config(config)
-    if config is None and shape.device.type == "cuda":
-        cfg = dataclasses.replace(cfg, executor=dataclasses.replace(
-            cfg.executor, device=str(shape.device)))
-    return cfg
-
-
-def _place(seq: Sequence, shape: ModelShape) -> None:
-    """Keep each layer's state on the device its model layer runs on, so a model spread
-    over several GPUs never copies KV across devices during decode."""
-    devices = [shape.layer_devices[layer] for layer in shape.store_layers]
-    if len(set(devices)) > 1:
-        seq.place(devices)
-
-
-def _graphs(cuda_graphs: bool | None, compile_layers: bool, device: torch.device) -> bool:
-    """Whether decode steps run as fixed-shape steps (``None``: on a CUDA device); compiled
-    layers need them."""
-    graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-    if compile_layers and not graphs:
-        raise InvalidValueError("compile_layers: compiled layers serve the fixed-shape decode "
-                                "steps; pass cuda_graphs=True too")
-    return graphs
