@@ -28,6 +28,7 @@ from vecstore.errors import InvalidValueError
 from vecstore.executor.base import Steady
 from vecstore.executor.wave_exec import WaveExecutor
 from vecstore.executor.wave_state import PreparedView, add_step_stats, step_stats
+from vecstore.executor.wave_streams import on
 from vecstore.kernels.backend import resolve_backend
 
 __all__ = ["BatchDecoder", "LayerStep", "flush_due"]
@@ -92,8 +93,13 @@ class BatchDecoder:
                                     pin_memory=dev.type == "cuda")
         self._bad_ready = torch.cuda.Event() if dev.type == "cuda" else None
         self._expect = [self._heads(step) for step in layers]
-        # on CUDA one Triton launch per layer does the stats and the NaN/Inf check
+        # on CUDA one Triton launch per layer does the stats and the NaN/Inf check, on a
+        # stream of its own: the next layer need not wait for it. What it reads is held
+        # until end() joins the stream, so no later allocation reuses that memory first
         self._fused = resolve_backend("auto", dev) == "triton"
+        self._stats_stream = (torch.cuda.Stream(dev) if self._fused and dev.type == "cuda"
+                              else None)
+        self._stats_reads: list[object] = []
 
     # -- host side -----------------------------------------------------------------------
     @property
@@ -205,8 +211,13 @@ class BatchDecoder:
                                        softcap)
             H = tail.keys.shape[1]  # step_stats counts tokens per KV head
             if self._fused:
-                add_step_stats(res, self.lengths, step.prep.tokens_total, H, self.stats[layer],
-                               (q, k, v), self.finite[layer])
+                side = self._stats_stream
+                if side is not None:
+                    side.wait_stream(torch.cuda.current_stream(q.device))
+                    self._stats_reads.append((res, q, k, v))
+                with on(side):
+                    add_step_stats(res, self.lengths, step.prep.tokens_total, H,
+                                   self.stats[layer], (q, k, v), self.finite[layer])
             else:
                 self.finite[layer] = torch.isfinite(torch.cat([q.flatten(), k.flatten(),
                                                                v.flatten()])).all()
@@ -217,6 +228,9 @@ class BatchDecoder:
     def end(self) -> None:
         """Close a step on the device: note its column if anything was not finite, and
         move the write column on. Device work only."""
+        if self._stats_stream is not None:
+            torch.cuda.current_stream(self.col.device).wait_stream(self._stats_stream)
+            self._stats_reads.clear()
         with writing(self.col):
             bad = torch.where(self.finite.all(), _NONE, self.col)
             torch.minimum(self.bad_col, bad, out=self.bad_col)
