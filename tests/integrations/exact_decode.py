@@ -17,10 +17,12 @@ from vecstore.kernels.zones import Zones
 
 
 def exact_decode(self: object, prep: PreparedView, steady: Steady, q: torch.Tensor,
-                 scale: float, softcap: float | None = None) -> DecodeResult:
+                 scale: float, softcap: float | None = None,
+                 steady_ready: torch.cuda.Event | None = None) -> DecodeResult:
     """Exact attention of ``q [B, Hq, D]`` over the steady zone (its ``lengths``) and every
     row of the prepared view's clusters, soft-capped by ``softcap``; no unit counts as
-    retrieved or estimated."""
+    retrieved or estimated. CPU only: ``steady_ready`` is always ``None`` there."""
+    assert steady_ready is None
     B, Hq, D = q.shape
     rows, N, _ = prep.keys.shape
     H = rows // B

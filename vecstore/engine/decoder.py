@@ -93,13 +93,16 @@ class BatchDecoder:
                                     pin_memory=dev.type == "cuda")
         self._bad_ready = torch.cuda.Event() if dev.type == "cuda" else None
         self._expect = [self._heads(step) for step in layers]
-        # on CUDA one Triton launch per layer does the stats and the NaN/Inf check, on a
-        # stream of its own: the next layer need not wait for it. What it reads is held
-        # until end() joins the stream, so no later allocation reuses that memory first
+        # on CUDA one Triton launch per layer does the stats and the NaN/Inf check. It and
+        # the write of the token into the tail run on a side stream: only the steady zone's
+        # attention waits for the write (an event per layer), nothing waits for the stats.
+        # What the side stream reads is held until end() joins it, so no later allocation
+        # reuses that memory first
         self._fused = resolve_backend("auto", dev) == "triton"
-        self._stats_stream = (torch.cuda.Stream(dev) if self._fused and dev.type == "cuda"
-                              else None)
-        self._stats_reads: list[object] = []
+        on_cuda = self._fused and dev.type == "cuda"
+        self._side = torch.cuda.Stream(dev) if on_cuda else None
+        self._written = [torch.cuda.Event() for _ in layers] if on_cuda else []
+        self._side_reads: list[object] = []
 
     # -- host side -----------------------------------------------------------------------
     @property
@@ -203,18 +206,25 @@ class BatchDecoder:
         """
         step = self.layers[layer]
         tail = step.tail
+        side, written = self._side, None
         with writing(self.col):
-            tail.keys.index_copy_(2, self.col, k)
-            tail.values.index_copy_(2, self.col, v)
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(q.device))
+                self._side_reads.append((q, k, v))
+                written = self._written[layer]
+            with on(side):
+                tail.keys.index_copy_(2, self.col, k)
+                tail.values.index_copy_(2, self.col, v)
+                if written is not None:
+                    written.record()
             res = self.executor.decode(step.prep, Steady(tail.keys, tail.values,
                                                          self.lengths), q[:, :, 0], scale,
-                                       softcap)
+                                       softcap, written)
             H = tail.keys.shape[1]  # step_stats counts tokens per KV head
             if self._fused:
-                side = self._stats_stream
                 if side is not None:
                     side.wait_stream(torch.cuda.current_stream(q.device))
-                    self._stats_reads.append((res, q, k, v))
+                    self._side_reads.append(res)
                 with on(side):
                     add_step_stats(res, self.lengths, step.prep.tokens_total, H,
                                    self.stats[layer], (q, k, v), self.finite[layer])
@@ -228,9 +238,9 @@ class BatchDecoder:
     def end(self) -> None:
         """Close a step on the device: note its column if anything was not finite, and
         move the write column on. Device work only."""
-        if self._stats_stream is not None:
-            torch.cuda.current_stream(self.col.device).wait_stream(self._stats_stream)
-            self._stats_reads.clear()
+        if self._side is not None:
+            torch.cuda.current_stream(self.col.device).wait_stream(self._side)
+            self._side_reads.clear()
         with writing(self.col):
             bad = torch.where(self.finite.all(), _NONE, self.col)
             torch.minimum(self.bad_col, bad, out=self.bad_col)

@@ -183,11 +183,13 @@ class WaveExecutor:
 
     # -- the step ------------------------------------------------------------------------
     def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,
-               scale: float, softcap: float | None = None) -> DecodeResult:
+               scale: float, softcap: float | None = None,
+               steady_ready: torch.cuda.Event | None = None) -> DecodeResult:
         """One decode step: ``q [B, Hq, D]`` against the view and the steady zone, every
-        zone's scores soft-capped by ``softcap`` (``None``: no cap)
+        zone's scores soft-capped by ``softcap`` (``None``: no cap), the steady zone read
+        once ``steady_ready`` (if given) has passed
         (:func:`~vecstore.executor.wave_step.decode_step`, on this executor's streams)."""
-        return decode_step(prep, steady, q, scale, self._streams, softcap)
+        return decode_step(prep, steady, q, scale, self._streams, softcap, steady_ready)
 
 
 def _close_buffer(prep: PreparedView) -> None:

@@ -32,10 +32,13 @@ __all__ = ["decode_step", "attend_offloaded"]
 
 
 def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: float,
-                streams: StreamPool, softcap: float | None = None) -> DecodeResult:
+                streams: StreamPool, softcap: float | None = None,
+                steady_ready: torch.cuda.Event | None = None) -> DecodeResult:
     """One decode step: ``q [B, Hq, D]`` against the view and the steady zone, every zone's
     scores soft-capped by ``softcap`` (``None``: no cap; the ranking stays uncapped, see
-    :meth:`~vecstore.executor.base.Executor.run`).
+    :meth:`~vecstore.executor.base.Executor.run`). ``steady_ready``: an event recorded once
+    the steady zone's rows were written on another stream; only the steady zone's attention
+    waits for it.
 
     Only device work of fixed shapes for fixed inputs (the steady capacity included), so the
     whole call can be captured in a CUDA graph; an offloaded view's
@@ -99,6 +102,8 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
                 if side is not None:
                     side.wait_stream(sel)
                 with on(side):
+                    if steady_ready is not None:
+                        torch.cuda.current_stream(dev).wait_event(steady_ready)
                     attend_steady(qf, steady.keys, steady.values, steady.lengths, scale,
                                   parts, n_ret, softcap)
                     if steady_done is not None:
