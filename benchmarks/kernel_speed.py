@@ -12,7 +12,7 @@ median of ``triton.testing`` runs replayed from a CUDA graph. The whole step is 
 
 Usage::
 
-    python benchmarks/kernels.py --out benchmarks/results/kernels-h200.json
+    python benchmarks/kernel_speed.py --out benchmarks/results/kernels-h200.json
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def main() -> int:
                         help="largest K+V (bf16, in place) to allocate for a step")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA device", file=sys.stderr)
+        print("benchmarks/kernel_speed.py needs a CUDA device", file=sys.stderr)
         return 2
     errors = check_all(torch.Generator(device=DEVICE).manual_seed(1))
     print("## correctness (relative L2 error vs float64, bf16 inputs)")
