@@ -40,7 +40,11 @@ from vecstore.kernels.centroid_logits import Logits, centroid_logits  # noqa: E4
 from vecstore.kernels.estimated_attention import attend_estimated, estimate_layout  # noqa: E402
 from vecstore.kernels.merge_parts import combine  # noqa: E402
 from vecstore.kernels.reference import attend, estimate, merge  # noqa: E402
-from vecstore.kernels.retrieved_attention import attend_retrieved, retrieved_layout  # noqa: E402
+from vecstore.kernels.retrieved_attention import (  # noqa: E402
+    attend_retrieved,
+    fill_rowmap,
+    retrieved_layout,
+)
 from vecstore.kernels.steady_attention import attend_steady, steady_splits  # noqa: E402
 from vecstore.kernels.zone_select import select_ranked  # noqa: E402
 from vecstore.kernels.zones import Zones  # noqa: E402
@@ -83,6 +87,7 @@ class Step:
         self.weights = torch.empty(rows * G, clusters, device=dev)
         self.zones = Zones.empty(rows, clusters, r_max, torch.device(dev), e_max)
         self.max_rows = r_max * TOKENS_PER_CLUSTER
+        self.rowmap = torch.empty(rows, self.max_rows, device=dev, dtype=torch.int32)
         self.n_ret = retrieved_layout(self.max_rows)[1]
         self.n_std = steady_splits(STEADY)
         num_parts = self.n_ret + self.n_std + estimate_layout(e_max)[1]
@@ -92,6 +97,7 @@ class Step:
         self.lse = torch.empty(rows * G, device=dev)
         self.logits = self.run_logits()
         select_ranked(self.logits, self.sizes, self.first, self.k1, self.k2, self.zones)
+        fill_rowmap(self.zones, self.rowmap)
 
     def run_logits(self) -> Logits:
         return centroid_logits(self.q, self.codes, self.radii, self.sizes, SCALE, RADIUS_WEIGHT,
@@ -105,7 +111,7 @@ class Step:
             "select_ranked": lambda: select_ranked(self.logits, self.sizes, self.first, self.k1,
                                                    self.k2, z),
             "attend_retrieved": lambda: attend_retrieved(self.q, self.keys, self.values, z,
-                                                         self.max_rows, SCALE, parts, 0),
+                                                         self.rowmap, SCALE, parts, 0),
             "attend_steady": lambda: attend_steady(self.q, self.steady_k, self.steady_v,
                                                    self.steady_len, SCALE, parts, self.n_ret),
             "attend_estimated": lambda: attend_estimated(self.weights, self.vmean, z, parts,

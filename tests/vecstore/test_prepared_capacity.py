@@ -1,5 +1,4 @@
-"""A prepared view's zone and retrieved-row capacities: whole multiples of 16 that cover the
-zones.
+"""A prepared view's zone and row-map capacities: whole multiples of 16 that cover the zones.
 
 They are kernel arguments, which Triton specializes on divisibility by 16: capacities that
 crossed that line as a layer grew made every kernel taking them compile again at the next

@@ -46,8 +46,7 @@ class PreparedView:
         Largest ``k2 - k1``, rounded up.
     max_rows : int
         Most rows the retrieved clusters of a row can hold (its ``k1`` largest
-        clusters), rounded up: the execution buffer's length, and what the retrieved
-        attention's splits are laid out for.
+        clusters), rounded up: the execution buffer's length.
     tokens_total : int
         Indexed tokens over all rows, per KV head.
     buffer : WaveBuffer | None
@@ -208,7 +207,7 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
 
 
 def _capacity(n: int) -> int:
-    """``n`` (at least 1) rounded up to a multiple of 16: the zone and retrieved-row capacities
+    """``n`` (at least 1) rounded up to a multiple of 16: the zone and row-map capacities
     are kernel arguments, which Triton specializes on divisibility by 16, so capacities that
     drifted across that line as a layer grew made the kernels compile again."""
     return -(-max(1, n) // 16) * 16

@@ -56,7 +56,11 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
     from vecstore.kernels.centroid_logits import centroid_logits
     from vecstore.kernels.estimated_attention import attend_estimated, estimate_layout
     from vecstore.kernels.merge_parts import combine
-    from vecstore.kernels.retrieved_attention import attend_retrieved, retrieved_layout
+    from vecstore.kernels.retrieved_attention import (
+        attend_retrieved,
+        fill_rowmap,
+        retrieved_layout,
+    )
     from vecstore.kernels.steady_attention import attend_steady, steady_splits
     from vecstore.kernels.zone_select import select_ranked
 
@@ -115,8 +119,10 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
             with on(side):
                 attend_estimated(weights[x0:x1], prep.vmean[r0:r1], z, part, n_ret + n_std)
             if buf is None:
-                attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z,
-                                 prep.max_rows, scale, part, 0, softcap=softcap)
+                rowmap = torch.empty(r1 - r0, prep.max_rows, dtype=torch.int32, device=dev)
+                fill_rowmap(z, rowmap)
+                attend_retrieved(qf[x0:x1], prep.keys[r0:r1], prep.values[r0:r1], z, rowmap,
+                                 scale, part, 0, softcap=softcap)
             else:
                 admit = attend_offloaded(streams, buf, z, qf[x0:x1], scale, part, softcap)
                 if admit is not None:

@@ -1,6 +1,6 @@
-"""attend_retrieved against the float64 reference: exact attention over the rows of the
-retrieved clusters, read in place (the kernel finding each position's KV row from the zones)
-or from an execution buffer (whole, or its hits and misses apart)."""
+"""attend_retrieved and fill_rowmap against the float64 reference: exact attention over the
+rows of the retrieved clusters, read in place through the row map or from an execution
+buffer (whole, or its hits and misses apart)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kernel_refs import (
 from tests.interpreter import interpreted
 from vecstore.kernels import retrieved_attention
 from vecstore.kernels.reference import attend
-from vecstore.kernels.retrieved_attention import attend_retrieved, retrieved_layout
+from vecstore.kernels.retrieved_attention import attend_retrieved, fill_rowmap, retrieved_layout
 
 
 def _case(rows: int, group: int, dim: int, num_clusters: int, picks: int, dtype: torch.dtype,
@@ -53,10 +53,17 @@ def _reference(q, keys, values, valid, group):
 def _check_in_place(device, rows, group, dim, num_clusters, picks, dtype, gen):
     q, keys, values, zones, valid = _case(rows, group, dim, num_clusters, picks, dtype, gen)
     max_rows = int(zones.cum[torch.arange(rows), zones.count.long()].max()) + 5
+    rowmap = torch.full((rows, max_rows), -7, dtype=torch.int32, device=device)
+    z = on(zones, device)
+    fill_rowmap(z, rowmap)
+    for r in range(rows):  # position cum[i] + j holds KV row first_row[i] + j
+        total = int(zones.cum[r, zones.count[r]])
+        assert sorted(rowmap[r, :total].tolist()) == valid[r].nonzero().flatten().tolist()
+        assert (rowmap[r, total:] == -7).all()  # positions past the total are left alone
     splits = retrieved_layout(max_rows)[1]
     parts = empty_parts(q.shape[0], splits, dim, device)
-    attend_retrieved(q.to(device), keys.to(device), values.to(device), on(zones, device),
-                     max_rows, dim ** -0.5, parts, 0)
+    attend_retrieved(q.to(device), keys.to(device), values.to(device), z, rowmap, dim ** -0.5,
+                     parts, 0)
     out, lse = merged_parts(parts, 0, splits)
     assert_state_close(out, lse, *_reference(q, keys, values, valid, group),
                        tolerance(dtype, device))
@@ -94,16 +101,19 @@ def _uneven_case(sizes: list[list[int]], picked: list[list[int]], group: int, di
 
 
 def _check_uneven(monkeypatch, sizes, picked, split_rows, group, gen, device="cpu"):
-    # in place against the reference, RETRIEVED_SPLIT = split_rows: small splits start
-    # their search mid-cluster, large ones carry the cluster across many blocks
+    # the row map and attention in place against the reference, RETRIEVED_SPLIT =
+    # split_rows: small splits start mid-cluster, large ones span many clusters
     monkeypatch.setattr(retrieved_attention, "RETRIEVED_SPLIT", split_rows)
     device, dim = torch.device(device), 16
     q, keys, values, zones, valid = _uneven_case(sizes, picked, group, dim, gen)
     max_rows = int(valid.sum(1).max()) + 3
+    z = on(zones, device)
+    rowmap = torch.empty(len(sizes), max_rows, dtype=torch.int32, device=device)
+    fill_rowmap(z, rowmap)
     splits = retrieved_layout(max_rows)[1]
     parts = empty_parts(q.shape[0], splits, dim, device)
-    attend_retrieved(q.to(device), keys.to(device), values.to(device), on(zones, device),
-                     max_rows, dim ** -0.5, parts, 0)
+    attend_retrieved(q.to(device), keys.to(device), values.to(device), z, rowmap,
+                     dim ** -0.5, parts, 0)
     assert_state_close(*merged_parts(parts, 0, splits),
                        *_reference(q, keys, values, valid, group),
                        tolerance(torch.float32, device))
@@ -144,9 +154,9 @@ def test_execution_buffer_matches_reference(gen):
 
 _BLOCK = retrieved_attention._BLOCK_N
 # row 0: clusters of 1 row, of more than a block, of exactly a block, empty ones between;
-# row 1: 140 clusters of one row retrieved (a block spans BLOCK_N clusters), empty ones
-# between, the larger ones after them not retrieved; row 2: nothing retrieved; row 3: some
-# clusters left out, one of over two blocks
+# row 1: 140 clusters of one row retrieved, empty ones between, the larger ones after them
+# not retrieved; row 2: nothing retrieved; row 3: some clusters left out, one of over two
+# blocks
 _UNEVEN_SIZES = [
     [1, 150, 0, 1, 0, 3, 70, 1, 1, 2, _BLOCK, 0, 5, _BLOCK + 1],
     [1 if k % 3 else 0 for k in range(200)] + [4, 9],
@@ -163,18 +173,19 @@ _UNEVEN_PICKED = [
 
 @pytest.mark.parametrize("split_rows", [_BLOCK, 2 * _BLOCK, 512])
 @interpreted
-def test_in_place_finds_each_position_in_uneven_clusters(monkeypatch, gen, split_rows):
+def test_in_place_reads_uneven_clusters(monkeypatch, gen, split_rows):
     _check_uneven(monkeypatch, _UNEVEN_SIZES, _UNEVEN_PICKED, split_rows, 2, gen)
 
 
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 @interpreted
-def test_in_place_finds_each_position_for_any_cluster_sizes(data):
+def test_in_place_reads_any_cluster_sizes(data):
     # any sizes (mostly tiny, now and then over a block), any non-empty clusters retrieved,
     # rows of different counts (0 included), splits of one block up to the default
     rows = data.draw(st.integers(1, 3))
-    one = st.one_of(st.sampled_from([0, 0, 1, 1, 1, 2, 3]), st.integers(_BLOCK - 2, 2 * _BLOCK + 2))
+    one = st.one_of(st.sampled_from([0, 0, 1, 1, 1, 2, 3]),
+                    st.integers(_BLOCK - 2, 2 * _BLOCK + 2))
     sizes = [data.draw(st.lists(one, min_size=1, max_size=60)) for _ in range(rows)]
     picked = [[c for c, n in enumerate(s) if n and data.draw(st.booleans())] for s in sizes]
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
