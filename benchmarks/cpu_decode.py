@@ -73,7 +73,7 @@ def run(model: str, batch: int, tokens: int, reps: int) -> dict:
                                dtype=torch.float32)
             seq.append(0, keys[b], values[b])  # builds the wave index
             seqs.append(seq)
-        executor = type(store._executor).__name__
+        executor = type(store.executor).__name__
         user = _loop(lambda x: store.query(seqs, 0, x), queries, reps)
         # the executors, called as the store calls them, on the store's own view and zones
         engine = store._queries

@@ -55,7 +55,7 @@ def run(batch: int, tokens: int, kind: str, reps: int) -> dict:
                                head_dim=view.keys.shape[-1], dtype=torch.bfloat16)
             seq.append(0, view.keys[b], view.values[b])  # builds the wave index
             seqs.append(seq)
-        executor = store._executor
+        executor = store.executor
         queries4 = [x[:, :, None] for x in queries]
         user = _loop(lambda x: store.query(seqs, 0, x), queries4, reps)
         # the same step, captured as decode.py captures it: the stacked view and steady zone

@@ -62,7 +62,7 @@ def parts(batch: int, tokens: int, reps: int) -> str:
             seq.append(0, view.keys[b], view.values[b])
             seqs.append(seq)
         q4 = q[:, :, None].contiguous()
-        engine, ex = store._queries, store._executor
+        engine, ex = store._queries, store.executor
         store.query(seqs, 0, q4)  # stacks the view, gathers the tails, captures the graph
         stacked, steady = engine._batch_views.view(seqs, 0), stack_steady(seqs, 0)
         index, layer = store.index_for(0), store.config.for_layer(0)

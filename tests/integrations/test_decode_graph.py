@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("exact_wave_step")
 
 
 def _wave(cache: WaveCache) -> None:
-    cache.store._executor.backend = "triton"
+    cache.store.executor.backend = "triton"
 
 
 def _decoding(model, cache: WaveCache, ids: torch.Tensor, mask: torch.Tensor,

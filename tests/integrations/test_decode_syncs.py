@@ -40,7 +40,7 @@ def test_decode_step_syncs_once_per_layer(monkeypatch, batch):
     ids = torch.randint(3, 96, (batch, 200), generator=torch.Generator().manual_seed(0))
     kw = cache_kwarg(model)
     with WaveCache(WAVE, model) as cache, torch.no_grad():
-        cache.store._executor.backend = "triton"
+        cache.store.executor.backend = "triton"
         model(ids, use_cache=True, **{kw: cache})
         nxt = ids[:, -1:]
         model(nxt, use_cache=True, **{kw: cache})  # prepares each layer's view (once)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("exact_wave_step")
 
 def _generate(model, ids, mask, new, **cache_kw):
     with WaveCache(CPU_WAVE, model, cuda_graphs=True, **cache_kw) as cache:
-        cache.store._executor.backend = "triton"
+        cache.store.executor.backend = "triton"
         out = generate(model, ids, cache, attention_mask=mask, max_new_tokens=new,
                        do_sample=False, eos_token_id=None)
         return out, cache.graph.static_steps
@@ -125,7 +125,7 @@ def test_other_architectures_compile_to_the_same_tokens(arch, settings):
     kwargs = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None)
     ref = generate(model, ids, DynamicCache(config=model.config), **kwargs)
     with WaveCache(CPU_WAVE, model, cuda_graphs=True, compile_layers=True) as cache:
-        cache.store._executor.backend = "triton"
+        cache.store.executor.backend = "triton"
         out = generate(model, ids, cache, **kwargs)
         assert cache.graph.static_steps > 0
     assert torch.equal(out, ref)

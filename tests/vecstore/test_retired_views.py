@@ -49,7 +49,7 @@ def test_an_append_that_indexes_releases_the_old_view():
         seq = _seq(store)
         old = id(seq.view(0))
         seq.append(0, *_kv(40, seed=1))
-        assert store._executor.released == [old]
+        assert store.executor.released == [old]
 
 
 def test_a_rollback_releases_the_views_the_transaction_built():
@@ -60,7 +60,7 @@ def test_a_rollback_releases_the_views_the_transaction_built():
             seq.append(0, *_kv(40, seed=1))
             grown = id(seq.view(0))
             raise RuntimeError("undo")
-        assert grown in store._executor.released
+        assert grown in store.executor.released
         assert seq.tokens(0) == 120 and seq.view(0).num_units.tolist() == \
             before.num_units.tolist()
 
@@ -70,8 +70,8 @@ def test_a_drop_and_a_close_release_every_view():
         a, b = _seq(store, "a"), _seq(store, "b")
         view_a, view_b = id(a.view(0)), id(b.view(0))
         store.drop("a")
-        assert store._executor.released == [view_a]
-        executor = store._executor
+        assert store.executor.released == [view_a]
+        executor = store.executor
     assert executor.released == [view_a, view_b]
 
 
@@ -80,6 +80,6 @@ def test_a_replaced_batch_view_is_released():
         a, b, c = _seq(store, "a"), _seq(store, "b", 100), _seq(store, "c", 90)
         q = torch.randn(2, 4, 1, D)
         store.query([a, b], 0, q)
-        stacked = set(store._executor.released)
+        stacked = set(store.executor.released)
         store.query([a, c], 0, q)  # the stack of (a, b) is replaced
-        assert len(set(store._executor.released) - stacked) == 1
+        assert len(set(store.executor.released) - stacked) == 1

@@ -17,7 +17,7 @@ from vecstore.executor.wave_exec import WaveExecutor
 def test_wave_executor_takes_the_configured_block_cache():
     config = {"executor": {"kind": "wave"}, "cache": {"policy": "fifo", "capacity": 0.1}}
     with Store.open(config=config) as store:
-        ex = store._executor
+        ex = store.executor
         assert isinstance(ex, WaveExecutor)
         assert (ex.cache_policy, ex.cache_capacity, ex.device) == ("fifo", 0.1, "cpu")
 
@@ -28,7 +28,7 @@ def test_wave_buffers_charge_the_stores_gpu_account():
     config = {"executor": {"kind": "wave"}, "index": {"segment_tokens": 256},
               "attention": {"sink_tokens": 4, "window_tokens": 16, "update_tokens": 64}}
     with Store.open(config=config) as store:
-        assert store._executor.accounts == store.placement.device_account
+        assert store.executor.accounts == store.placement.device_account
         seq = store.create("s", num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
         seq.append(0, torch.randn(2, 600, 8), torch.randn(2, 600, 8))
         account = store.placement.device_account(torch.device("cpu"))
@@ -41,7 +41,7 @@ def test_wave_buffers_charge_the_stores_gpu_account():
 
 def test_executor_without_from_config_gets_the_device():
     with Store.open(config={"executor": {"kind": "torch"}}) as store:
-        assert isinstance(store._executor, TorchExecutor) and store._executor.device == "cpu"
+        assert isinstance(store.executor, TorchExecutor) and store.executor.device == "cpu"
 
 
 @pytest.mark.parametrize("kind", ["torch", "wave"])

@@ -53,6 +53,12 @@ class StoreCore:
         """Whether the store was opened with ``read_only=True``."""
         return self._persistence is not None and self._persistence.read_only
 
+    @property
+    def executor(self) -> Executor:
+        """The executor the store's queries run on (``executor.kind``; ``"auto"`` resolved
+        to the one it chose)."""
+        return self._executor
+
     def close(self) -> None:
         """Release the store (and its write lock); safe to call more than once.
 

@@ -307,14 +307,14 @@ def test_wave_buffers_charge_the_gpu_budget_and_are_released_with_their_view():
         seq = _fill(store, n=120)
         meta = store.memory()[GPU_NAME][0]
         seq.query(0, torch.randn(H, 1, D))
-        (buf,) = store._executor.buffers.values()
+        (buf,) = store.executor.buffers.values()
         assert store.memory()[GPU_NAME][0] == meta + buf.num_bytes
         old = id(seq.view(0))
         seq.append(0, *_kv(40, seed=8))  # a new segment: the old view is retired
-        assert store._executor.retired == [old]
+        assert store.executor.retired == [old]
         meta = store.memory()[GPU_NAME][0]  # the grown layer's metadata, no buffer
         seq.query(0, torch.randn(H, 1, D))
-        (buf,) = store._executor.buffers.values()
+        (buf,) = store.executor.buffers.values()
         assert store.memory()[GPU_NAME][0] == meta + buf.num_bytes
         store.drop("s")
         assert store.memory()[GPU_NAME][0] == 0  # metadata and buffer returned
@@ -330,7 +330,7 @@ def test_a_gpu_budget_too_small_for_the_buffer_fails_before_allocating():
         with pytest.raises(CapacityError, match=f"{GPU_NAME}: a wave buffer .* in use"):
             seq.query(0, torch.randn(H, 1, D))
         assert store.memory()[GPU_NAME][0] == meta
-        assert not store._executor.buffers
+        assert not store.executor.buffers
 
 
 @pytest.mark.gpu
