@@ -36,8 +36,11 @@ bytes the attention reads per step over all layers (``kv_read_gbs``: the whole f
 ``full`` and ``dynamic``, the preallocated length for ``static``, the rows read exactly
 for the wave caches, whose centroids and value sums come on top) against the HBM copy
 bandwidth measured at the start (``hbm_copy_gbs`` in the JSON's meta), and the largest batch
-each cache ran with its ratio to ``full``'s largest. ``--profile`` also writes, per cache
-and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` under ``--out``.
+each cache ran with its ratio to ``full``'s largest; ``wave-pinned`` rows also give
+``hit_rate``, the share of retrieved clusters its GPU block caches held over every decode
+step (:meth:`~vecstore.executor.wave_exec.WaveExecutor.buffer_stats`). ``--profile`` also
+writes, per cache and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` under
+``--out``.
 ``--compile-layers`` runs the decode steps of ``full`` and the wave caches alike with the
 model's decoder layers compiled around their attention
 (:class:`integrations.hf.layer_compile.CompiledLayers`).
@@ -173,6 +176,8 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
                   tuple(args.full_splits), compile_layers=args.compile_layers)
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
+        if name == "wave-pinned":  # the block caches' share of retrieved clusters, all steps
+            res["hit_rate"] = cache.store.executor.buffer_stats().hit_rate
         tokens = length if name == "static" else res["mean_tokens"]
         res["kv_read_gb"] = kv_read_gb(model.config, name, batch, tokens, res)
         res["kv_read_gbs"] = res["kv_read_gb"] / res["step_ms"] * 1e3

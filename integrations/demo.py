@@ -46,6 +46,7 @@ from integrations.tasks import make_sample, score
 from vecstore import Store
 from vecstore.errors import BackendUnavailableError
 from vecstore.executor.base import resolve_kind
+from vecstore.executor.wave_exec import WaveExecutor
 
 __all__ = ["Answer", "answer", "build_parser", "main"]
 
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = cache.store.config.executor
         executor = resolve_kind(settings.kind, settings.device)  # what "auto" chose
         segment = cache.store.config.index.segment_tokens
+        served = cache.store.executor
+        cached = served.buffer_stats() if isinstance(served, WaveExecutor) else None
     ok = score(wave.text, sample.answers) == 1.0
     rows = [("answer", repr(full.text), repr(wave.text)),
             ("correct", str(score(full.text, sample.answers) == 1.0), str(ok)),
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{stats.exact_fraction * T:.0f} tokens ({stats.exact_fraction:.1%})"),
             ("estimated softmax mass", "-", f"{stats.estimated_mass:.1%}"),
             ("block cache hit rate", "-",
+             f"{cached.hit_rate:.1%} of {cached.hits + cached.misses} clusters"
+             if cached is not None and cached.hits + cached.misses else
              f"n/a (KV resident on {device.type}; executor {executor!r}, no offload)")]
     width = max(len(r[0]) for r in rows)
     print(f"\n{'':{width}}  {'full attention':<28}  vecstore wave cache")

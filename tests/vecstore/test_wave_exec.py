@@ -325,3 +325,24 @@ def test_a_batch_of_64_sequences_of_different_lengths_in_the_same_launches(monke
         counts.append(len(launches))
         assert rel_err(out, ref[0]) < 1e-5 and rel_err(lse, ref[1]) < 1e-5
     assert counts[0] == counts[1] > 0
+
+
+@interpreted
+def test_buffer_stats_sum_every_offloaded_views_block_cache():
+    gen = torch.Generator().manual_seed(12)
+    index, view_a, steady, q = _batch(gen, torch.float32)
+    _, view_b, _, _ = _batch(gen, torch.float32, index=index)
+    layer = CFG.for_layer(0)
+    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=True)
+    assert ex.buffer_stats().hits + ex.buffer_stats().misses == 0
+    retrieved = 0
+    for _ in range(4):  # the same query again: its clusters come to be cached
+        for view in (view_a, view_b):
+            retrieved += ex.run(index, view, steady, q, D ** -0.5, layer)[2].units_retrieved
+    per_view = [p.buffer.stats for p in ex._prepared.values()]
+    total = ex.buffer_stats()
+    assert len(per_view) == 2 and total == per_view[0] + per_view[1]
+    assert total.hits + total.misses == retrieved  # every retrieved cluster looked up once
+    assert total.hits > 0 and total.misses > 0
+    assert total.hit_rows + total.miss_rows == sum(
+        s.hit_rows + s.miss_rows for s in per_view)

@@ -62,6 +62,17 @@ class BufferStats:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 
+    def __add__(self, other: BufferStats) -> BufferStats:
+        """The counters of two buffers summed.
+
+        Examples
+        --------
+        >>> (BufferStats(3, 1, 40, 9) + BufferStats(1, 3, 10, 30)).hit_rate
+        0.5
+        """
+        return BufferStats(self.hits + other.hits, self.misses + other.misses,
+                           self.hit_rows + other.hit_rows, self.miss_rows + other.miss_rows)
+
 
 class WaveBuffer:
     """GPU block cache and execution buffer of one layer over ``rows`` (sequence, head) rows.

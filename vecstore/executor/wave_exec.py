@@ -24,6 +24,7 @@ from typing import cast
 
 import torch
 
+from vecstore.buffer.wave_buffer import BufferStats
 from vecstore.config import LayerConfig, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
@@ -175,6 +176,21 @@ class WaveExecutor:
             cache_policy=self.cache_policy, cache_capacity=self.cache_capacity,
             slot_tokens=self.slot_tokens, accounts=self.accounts,
             policy_worker=self._policy_worker))
+
+    def buffer_stats(self) -> BufferStats:
+        """The block caches' hits and misses so far, summed over the views this executor
+        serves from host memory (all zero when none is; synchronises with the device).
+
+        Examples
+        --------
+        >>> WaveExecutor("cpu").buffer_stats().hit_rate  # nothing offloaded yet
+        0.0
+        """
+        total = BufferStats(0, 0, 0, 0)
+        for prep in self._prepared.values():
+            if prep.buffer is not None:
+                total = total + prep.buffer.stats
+        return total
 
     def release_view(self, view: IndexView) -> None:
         """Forget what was prepared for ``view`` and close its wave buffer (the store calls
