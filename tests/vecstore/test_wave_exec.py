@@ -98,21 +98,26 @@ def test_rows_further_apart_than_their_length_read_as_contiguous_rows(offload, l
     assert rel_err(got[0], ref[0]) < 1e-5
 
 
+def _offloaded_pair(seed: int):
+    # an executor serving from host memory (simulated), and two views of one index
+    gen = torch.Generator().manual_seed(seed)
+    index, view_a, steady, q = _batch(gen, torch.float32)
+    _, view_b, _, _ = _batch(gen, torch.float32, index=index)
+    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=True)
+    return ex, index, (view_a, view_b), steady, q
+
+
 @interpreted
 def test_offloaded_layers_share_one_policy_worker():
     # one thread applies every offloaded layer's cache records (a thread per layer
     # contended for the GIL with the decode loop)
     import threading
 
-    gen = torch.Generator().manual_seed(11)
-    index, view_a, steady, q = _batch(gen, torch.float32)
-    _, view_b, _, _ = _batch(gen, torch.float32, index=index)
-    layer = CFG.for_layer(0)
-    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=True)
+    ex, index, views, steady, q = _offloaded_pair(11)
     before = {t.ident for t in threading.enumerate()}
     for _ in range(2):
-        for view in (view_a, view_b):
-            ex.run(index, view, steady, q, D ** -0.5, layer)
+        for view in views:
+            ex.run(index, view, steady, q, D ** -0.5, CFG.for_layer(0))
     buffers = [p.buffer for p in ex._prepared.values()]
     for buf in buffers:
         buf.bookkeeper.wait()
@@ -329,16 +334,13 @@ def test_a_batch_of_64_sequences_of_different_lengths_in_the_same_launches(monke
 
 @interpreted
 def test_buffer_stats_sum_every_offloaded_views_block_cache():
-    gen = torch.Generator().manual_seed(12)
-    index, view_a, steady, q = _batch(gen, torch.float32)
-    _, view_b, _, _ = _batch(gen, torch.float32, index=index)
-    layer = CFG.for_layer(0)
-    ex = WaveExecutor(backend="triton", score_dtype=torch.float32, simulate_offload=True)
+    ex, index, views, steady, q = _offloaded_pair(12)
     assert ex.buffer_stats().hits + ex.buffer_stats().misses == 0
     retrieved = 0
     for _ in range(4):  # the same query again: its clusters come to be cached
-        for view in (view_a, view_b):
-            retrieved += ex.run(index, view, steady, q, D ** -0.5, layer)[2].units_retrieved
+        for view in views:
+            stats = ex.run(index, view, steady, q, D ** -0.5, CFG.for_layer(0))[2]
+            retrieved += stats.units_retrieved
     per_view = [p.buffer.stats for p in ex._prepared.values()]
     total = ex.buffer_stats()
     assert len(per_view) == 2 and total == per_view[0] + per_view[1]
