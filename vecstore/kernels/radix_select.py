@@ -37,7 +37,7 @@ RADIX_PASSES = triton.cdiv(32, RADIX_BITS)
 # a launch per pass (rows of one program up to 32768): 0.448 against 0.460 ms at 8 x 512K,
 # 0.441 against 0.465 at 4 x 1M, 0.873 against 0.921 at 8 x 1M (_KEPT 2 or 4 slower)
 _ROW_RADIX_MAX = 8192
-_KEPT = 3
+_KEPT = triton.cdiv(15, RADIX_BITS)  # passes before the candidate lists: a 15-bit prefix or more
 _CAND_FRACTION = 8
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
