@@ -3,7 +3,10 @@
 
 A :class:`HostPages` is one anonymous mapping viewed as a ``uint8`` tensor. Untouched pages
 cost address space only, so a mapping may be reserved larger than its rows and grown into:
-:meth:`HostPages.pin` registers a further range as rows reach it. Registrations last exactly
+:meth:`HostPages.pin` registers a further range as rows reach it, after faulting its pages
+in from several threads (:func:`fault_in`): ``cudaHostRegister`` of untouched pages faults
+and zeroes them one by one inside the call, the most of a pinned prefill's extra time
+(``benchmarks/host_pages.py``). Registrations last exactly
 as long as some tensor views the mapping, and are undone before it is unmapped: a range
 unmapped while registered could be mapped again at the same addresses, which CUDA then
 refuses to register (``cudaErrorHostMemoryAlreadyRegistered``).
@@ -11,14 +14,24 @@ refuses to register (``cudaErrorHostMemoryAlreadyRegistered``).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
+import os
 import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from vecstore.errors import CapacityError
 
-__all__ = ["HostPages", "page_multiple"]
+__all__ = ["HostPages", "fault_in", "page_multiple"]
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14
+# a range is faulted in parts of at least this many bytes, each on a thread of its own
+_FAULT_PART = 32 << 20
+_FAULT_THREADS = min(8, os.cpu_count() or 1)  # 0: no faulting ahead of the registration
 
 
 def page_multiple(num_bytes: int) -> int:
@@ -81,12 +94,57 @@ class HostPages:
         if not (self.register and num_bytes):
             return
         ptr = self.base + offset
+        fault_in(ptr, num_bytes)
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, num_bytes, 0))
         if err != 0:
             _clear_pending_error()
             raise CapacityError(f"kvstore.pinned_budget_gb: could not pin {num_bytes} bytes "
                                 f"({torch.cuda.CudaError(err)})")
         self._pinned.append(ptr)
+
+
+def fault_in(addr: int, num_bytes: int) -> bool:
+    """Commit the pages of ``[addr, addr + num_bytes)`` (whole pages of one anonymous
+    mapping) by faulting them in for writing, ``madvise(MADV_POPULATE_WRITE)`` in parts of
+    ``_FAULT_PART`` bytes or more on up to ``_FAULT_THREADS`` threads, the GIL released.
+    Contents are kept. ``False`` where nothing was done (no such ``madvise``: not Linux, or
+    a kernel older than 5.14; or ``_FAULT_THREADS`` is 0) or some pages could not be
+    faulted in (out of memory): those are left to whatever touches them next.
+
+    Examples
+    --------
+    >>> mapping = mmap.mmap(-1, 4 * mmap.PAGESIZE)
+    >>> memory = torch.frombuffer(memoryview(mapping), dtype=torch.uint8)
+    >>> fault_in(memory.data_ptr(), memory.numel()) in (True, False)
+    True
+    """
+    madvise = _madvise()
+    if madvise is None or _FAULT_THREADS < 1 or not num_bytes:
+        return False
+    step = max(_FAULT_PART, page_multiple(-(-num_bytes // _FAULT_THREADS)))
+    parts = [(addr + o, min(step, num_bytes - o), _MADV_POPULATE_WRITE)
+             for o in range(0, num_bytes, step)]
+    if len(parts) == 1:
+        return madvise(*parts[0]) == 0
+    return all(r == 0 for r in _fault_pool().map(lambda part: madvise(*part), parts))
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` where ``MADV_POPULATE_WRITE`` works, else ``None``."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    probe = torch.frombuffer(memoryview(mmap.mmap(-1, mmap.PAGESIZE)), dtype=torch.uint8)
+    return fn if fn(probe.data_ptr(), mmap.PAGESIZE, _MADV_POPULATE_WRITE) == 0 else None
+
+
+@functools.cache
+def _fault_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_FAULT_THREADS, thread_name_prefix="vecstore-fault")
 
 
 def _unpin(pinned: list[int], mapping: mmap.mmap) -> None:

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import mmap
+import resource
 
 import pytest
 import torch
 
 from vecstore.errors import CapacityError
-from vecstore.kvstore import GPUKVStore, PinnedKVStore
+from vecstore.kvstore import GPUKVStore, PinnedKVStore, host_pages
 from vecstore.kvstore.base import growable_rows
-from vecstore.kvstore.host_pages import HostPages
+from vecstore.kvstore.host_pages import HostPages, fault_in
 
 
 @pytest.mark.gpu
@@ -136,3 +137,38 @@ def test_split_pinned_rows_grow_in_place_in_their_heads_registering_each_range_o
     for part in parts:
         tier.free(part)
     assert tier.account.used_bytes == 0
+
+
+def _faults_writing(memory: torch.Tensor) -> int:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    memory.fill_(9)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fault_in_commits_the_pages_and_keeps_their_contents(monkeypatch, threads):
+    # what the pinned tier does before registering a range: cudaHostRegister of untouched
+    # pages faults them in one by one inside the call
+    monkeypatch.setattr(host_pages, "_FAULT_THREADS", threads)
+    monkeypatch.setattr(host_pages, "_FAULT_PART", 64 * mmap.PAGESIZE)
+    host_pages._fault_pool.cache_clear()
+    pages = 256
+    control = HostPages.map(pages * mmap.PAGESIZE, register=False)[1]
+    faults = _faults_writing(control)
+    if faults < pages // 2:
+        pytest.skip("anonymous pages are faulted in huge here")
+    mapped, memory = HostPages.map(pages * mmap.PAGESIZE + 7, register=False)
+    mark = slice(100 * mmap.PAGESIZE, 100 * mmap.PAGESIZE + 5)  # reads fault pages in too:
+    memory[mark] = torch.arange(1, 6, dtype=torch.uint8)  # touch and read one page only
+    if not fault_in(mapped.base + mmap.PAGESIZE, pages * mmap.PAGESIZE):
+        pytest.skip("no madvise(MADV_POPULATE_WRITE) here")
+    assert memory[mark].tolist() == [1, 2, 3, 4, 5]
+    assert _faults_writing(memory) < faults - pages // 2
+    assert int(memory.sum()) == 9 * memory.numel()
+    host_pages._fault_pool.cache_clear()
+
+
+def test_fault_in_does_nothing_when_turned_off(monkeypatch):
+    monkeypatch.setattr(host_pages, "_FAULT_THREADS", 0)
+    pages, memory = HostPages.map(mmap.PAGESIZE, register=False)
+    assert not fault_in(pages.base, mmap.PAGESIZE)
