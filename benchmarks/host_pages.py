@@ -4,7 +4,8 @@ The pinned tier registers anonymous mappings of its own with CUDA (``cudaHostReg
 :mod:`vecstore.kvstore.host_pages`). Registering untouched pages makes the kernel fault in
 and zero every page inside the call, which is most of a pinned prefill's extra time; pages
 already touched register far faster. Each method maps ``--gib`` GiB afresh and makes it
-pinned, timing its two parts:
+pinned, timing its two parts, in private anonymous memory (the tier's) and in shared
+anonymous memory (``mmap``'s default, shmem):
 
 - ``register``: one ``cudaHostRegister`` of the untouched mapping.
 - ``populate``: the pages faulted in first by ``madvise(MADV_POPULATE_WRITE)`` from one
@@ -63,15 +64,17 @@ def _launch_us(stop: threading.Event | None, device: torch.device) -> float:
     return (time.perf_counter() - t0) / max(n, 1) * 1e6
 
 
-def run(method: str, num_bytes: int, device: torch.device) -> dict:
-    """Map ``num_bytes`` afresh and pin it by ``method``; seconds of each part."""
+def run(method: str, mapping: str, num_bytes: int, device: torch.device) -> dict:
+    """Map ``num_bytes`` afresh (``mapping``: private or shared anonymous memory) and pin it
+    by ``method``; seconds of each part."""
     threads = int(method.rsplit("_t", 1)[1]) if "_t" in method else 1
+    host_pages._MAP_FLAGS = mmap.MAP_PRIVATE if mapping == "private" else mmap.MAP_SHARED
     pages, memory = HostPages.map(num_bytes, register=torch.cuda.is_available())
 
     def fault(pages_memory: torch.Tensor) -> None:
         if method.startswith("populate"):
             _fault_threads(threads)
-            if not host_pages.fault_in(pages.base, num_bytes):
+            if not host_pages.fault_in([(pages.base, num_bytes)]):
                 raise OSError("madvise(MADV_POPULATE_WRITE) failed or is missing")
         elif method.startswith("zero"):
             previous = torch.get_num_threads()
@@ -102,7 +105,7 @@ def run(method: str, num_bytes: int, device: torch.device) -> dict:
         probe.join()
         del memory  # unregistered and unmapped
     total = t2 - t0
-    return {"method": method, "gib": num_bytes / 2**30, "fault_s": t1 - t0,
+    return {"method": method, "mapping": mapping, "gib": num_bytes / 2**30, "fault_s": t1 - t0,
             "register_s": t2 - t1, "total_s": total, "gbs": num_bytes / total / 1e9,
             "launch_us": launch[0]}
 
@@ -120,16 +123,17 @@ def main() -> None:
     methods = ["register", "populate", *(f"populate_t{n}" for n in args.threads),
                *(f"zero_t{n}" for n in args.threads)]
     rows = []
-    for method in methods:
-        row = run(method, num_bytes, device) | {"idle_launch_us": idle}
-        print_row(row)
-        rows.append(row)
+    for mapping in ("private", "shared"):
+        for method in methods:
+            row = run(method, mapping, num_bytes, device) | {"idle_launch_us": idle}
+            print_row(row)
+            rows.append(row)
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     meta = machine() | {"thp": thp.read_text().strip() if thp.exists() else None,
                         "cpus": len(os.sched_getaffinity(0))}
     write_results(args.out, "host_pages", meta, rows,
-                  ["method", "gib", "fault_s", "register_s", "total_s", "gbs", "launch_us",
-                   "idle_launch_us"],
+                  ["method", "mapping", "gib", "fault_s", "register_s", "total_s", "gbs",
+                   "launch_us", "idle_launch_us"],
                   "Fresh host memory made pinned, by method")
 
 

@@ -49,9 +49,9 @@ def test_growth_of_a_shared_stack_maps_nothing_and_registers_no_range_twice(monk
     maps: list[int] = []
     pin, map_ = HostPages.pin, HostPages.map
 
-    def record_pin(pages: HostPages, offset: int, num_bytes: int) -> None:
+    def record_pin(pages: HostPages, offset: int, num_bytes: int, *, fault: bool = True) -> None:
         asked.append((pages, offset, num_bytes))
-        pin(pages, offset, num_bytes)
+        pin(pages, offset, num_bytes, fault=fault)
 
     def record_map(num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
         maps.append(num_bytes)

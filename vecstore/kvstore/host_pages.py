@@ -19,7 +19,7 @@ import functools
 import mmap
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -29,9 +29,12 @@ from vecstore.errors import CapacityError
 __all__ = ["HostPages", "fault_in", "page_multiple"]
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14
-# a range is faulted in parts of at least this many bytes, each on a thread of its own
-_FAULT_PART = 32 << 20
+# ranges are faulted in parts of at least this many bytes, each on a thread of its own
+_FAULT_PART = 4 << 20
 _FAULT_THREADS = min(8, os.cpu_count() or 1)  # 0: no faulting ahead of the registration
+# private anonymous memory: shared anonymous mappings (mmap's default) are shmem, whose
+# page faults from several threads contend on the one shmem file
+_MAP_FLAGS = mmap.MAP_PRIVATE
 
 
 def page_multiple(num_bytes: int) -> int:
@@ -64,7 +67,7 @@ class HostPages:
     def map(cls, num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
         """A new mapping of ``num_bytes`` and the ``uint8`` tensor over it (``register``:
         whether :meth:`pin` registers with CUDA; ``False`` where CUDA is absent)."""
-        mapping = mmap.mmap(-1, num_bytes)
+        mapping = mmap.mmap(-1, num_bytes, flags=_MAP_FLAGS)
         exported = memoryview(mapping)
         memory = torch.frombuffer(exported, dtype=torch.uint8)
         pinned: list[int] = []
@@ -82,9 +85,10 @@ class HostPages:
         """Ranges registered now (none once the mapping is gone)."""
         return len(self._pinned)
 
-    def pin(self, offset: int, num_bytes: int) -> None:
+    def pin(self, offset: int, num_bytes: int, *, fault: bool = True) -> None:
         """Register ``[offset, offset + num_bytes)`` of the mapping (whole pages, none
-        registered before); nothing is registered on failure.
+        registered before), its pages faulted in first (:func:`fault_in`) unless ``fault``
+        is ``False`` (the caller did); nothing is registered on failure.
 
         Raises
         ------
@@ -94,7 +98,8 @@ class HostPages:
         if not (self.register and num_bytes):
             return
         ptr = self.base + offset
-        fault_in(ptr, num_bytes)
+        if fault:
+            fault_in([(ptr, num_bytes)])
         err = int(torch.cuda.cudart().cudaHostRegister(ptr, num_bytes, 0))
         if err != 0:
             _clear_pending_error()
@@ -103,29 +108,30 @@ class HostPages:
         self._pinned.append(ptr)
 
 
-def fault_in(addr: int, num_bytes: int) -> bool:
-    """Commit the pages of ``[addr, addr + num_bytes)`` (whole pages of one anonymous
-    mapping) by faulting them in for writing, ``madvise(MADV_POPULATE_WRITE)`` in parts of
-    ``_FAULT_PART`` bytes or more on up to ``_FAULT_THREADS`` threads, the GIL released.
-    Contents are kept. ``False`` where nothing was done (no such ``madvise``: not Linux, or
-    a kernel older than 5.14; or ``_FAULT_THREADS`` is 0) or some pages could not be
-    faulted in (out of memory): those are left to whatever touches them next.
+def fault_in(ranges: Sequence[tuple[int, int]]) -> bool:
+    """Commit the pages of each ``(addr, num_bytes)`` range (whole pages of anonymous
+    mappings) by faulting them in for writing: ``madvise(MADV_POPULATE_WRITE)`` of parts of
+    ``_FAULT_PART`` bytes or more, all at once on up to ``_FAULT_THREADS`` threads, the GIL
+    released. Contents are kept. ``False`` where nothing was done (no such ``madvise``: not
+    Linux, or a kernel older than 5.14; or ``_FAULT_THREADS`` is 0) or some pages could not
+    be faulted in (out of memory): those are left to whatever touches them next.
 
     Examples
     --------
-    >>> mapping = mmap.mmap(-1, 4 * mmap.PAGESIZE)
-    >>> memory = torch.frombuffer(memoryview(mapping), dtype=torch.uint8)
-    >>> fault_in(memory.data_ptr(), memory.numel()) in (True, False)
+    >>> pages, memory = HostPages.map(4 * mmap.PAGESIZE, register=False)
+    >>> fault_in([(pages.base, mmap.PAGESIZE), (pages.base + 2 * mmap.PAGESIZE, 8192)]) in (
+    ...     True, False)
     True
     """
     madvise = _madvise()
-    if madvise is None or _FAULT_THREADS < 1 or not num_bytes:
+    if madvise is None or _FAULT_THREADS < 1:
         return False
-    step = max(_FAULT_PART, page_multiple(-(-num_bytes // _FAULT_THREADS)))
-    parts = [(addr + o, min(step, num_bytes - o), _MADV_POPULATE_WRITE)
-             for o in range(0, num_bytes, step)]
-    if len(parts) == 1:
-        return madvise(*parts[0]) == 0
+    total = sum(n for _, n in ranges)
+    step = max(_FAULT_PART, page_multiple(-(-total // _FAULT_THREADS)))
+    parts = [(addr + o, min(step, n - o), _MADV_POPULATE_WRITE)
+             for addr, n in ranges for o in range(0, n, step)]
+    if len(parts) <= 1:
+        return all(madvise(*part) == 0 for part in parts)
     return all(r == 0 for r in _fault_pool().map(lambda part: madvise(*part), parts))
 
 

@@ -22,7 +22,7 @@ from vecstore.kvstore.base import (
     copy_rows,
     shape_bytes,
 )
-from vecstore.kvstore.host_pages import HostPages, page_multiple
+from vecstore.kvstore.host_pages import HostPages, fault_in, page_multiple
 
 __all__ = ["PinnedKVStore"]
 
@@ -53,10 +53,14 @@ class _Reserve:
         """Register every head's rows up to ``num_rows`` (whole pages)."""
         head_bytes = self.cap * self.row_bytes
         target = min(page_multiple(num_rows * self.row_bytes), head_bytes)
+        heads = range(self.head0, self.head0 + self.heads)
+        fault_in([(pages.base + h * head_bytes + done[h], target - done[h])
+                  for pages, done in zip(self.pages, self.pinned, strict=True)
+                  for h in heads if pages.register and target > done[h]])
         for pages, done in zip(self.pages, self.pinned, strict=True):
-            for h in range(self.head0, self.head0 + self.heads):
+            for h in heads:
                 if target > done[h]:
-                    pages.pin(h * head_bytes + done[h], target - done[h])
+                    pages.pin(h * head_bytes + done[h], target - done[h], fault=False)
                     done[h] = target
 
     def part(self, b: int, parts: int) -> _Reserve:

@@ -98,9 +98,9 @@ def test_split_pinned_rows_grow_in_place_in_their_heads_registering_each_range_o
     asked: list[tuple[HostPages, int, int]] = []
     pin = HostPages.pin
 
-    def record(pages: HostPages, offset: int, num_bytes: int) -> None:
+    def record(pages: HostPages, offset: int, num_bytes: int, *, fault: bool = True) -> None:
         asked.append((pages, offset, num_bytes))
-        pin(pages, offset, num_bytes)
+        pin(pages, offset, num_bytes, fault=fault)
 
     monkeypatch.setattr(HostPages, "pin", record)
     tier = PinnedKVStore()
@@ -160,7 +160,7 @@ def test_fault_in_commits_the_pages_and_keeps_their_contents(monkeypatch, thread
     mapped, memory = HostPages.map(pages * mmap.PAGESIZE + 7, register=False)
     mark = slice(100 * mmap.PAGESIZE, 100 * mmap.PAGESIZE + 5)  # reads fault pages in too:
     memory[mark] = torch.arange(1, 6, dtype=torch.uint8)  # touch and read one page only
-    if not fault_in(mapped.base + mmap.PAGESIZE, pages * mmap.PAGESIZE):
+    if not fault_in([(mapped.base + mmap.PAGESIZE, pages * mmap.PAGESIZE)]):
         pytest.skip("no madvise(MADV_POPULATE_WRITE) here")
     assert memory[mark].tolist() == [1, 2, 3, 4, 5]
     assert _faults_writing(memory) < faults - pages // 2
@@ -171,4 +171,4 @@ def test_fault_in_commits_the_pages_and_keeps_their_contents(monkeypatch, thread
 def test_fault_in_does_nothing_when_turned_off(monkeypatch):
     monkeypatch.setattr(host_pages, "_FAULT_THREADS", 0)
     pages, memory = HostPages.map(mmap.PAGESIZE, register=False)
-    assert not fault_in(pages.base, mmap.PAGESIZE)
+    assert not fault_in([(pages.base, mmap.PAGESIZE)])
