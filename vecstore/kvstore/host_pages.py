@@ -32,8 +32,6 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14
 # ranges are faulted in parts of at least this many bytes, each on a thread of its own
 _FAULT_PART = 4 << 20
 _FAULT_THREADS = min(8, os.cpu_count() or 1)  # 0: no faulting ahead of the registration
-# threads that fault in ranges asked for ahead of their registration (fault_ahead)
-_AHEAD_THREADS = min(4, os.cpu_count() or 1)  # 0: none
 # private anonymous memory: shared anonymous mappings (mmap's default) are shmem, whose
 # page faults from several threads contend on the one shmem file
 _MAP_FLAGS = mmap.MAP_PRIVATE
@@ -86,15 +84,6 @@ class HostPages:
     def num_pinned(self) -> int:
         """Ranges registered now (none once the mapping is gone)."""
         return len(self._pinned)
-
-    def fault_ahead(self, offset: int, num_bytes: int) -> None:
-        """Fault ``[offset, offset + num_bytes)`` of the mapping in on a background thread
-        (committing its memory now, registering nothing), so that a later :meth:`pin` of it
-        only registers; the mapping stays mapped until that is done."""
-        held = self._finalizer.peek()
-        if held is None or num_bytes <= 0 or _AHEAD_THREADS < 1 or _madvise() is None:
-            return
-        _ahead_pool().submit(_fault_held, held[0], self.base + offset, num_bytes)
 
     def pin(self, offset: int, num_bytes: int, *, fault: bool = True) -> None:
         """Register ``[offset, offset + num_bytes)`` of the mapping (whole pages, none
@@ -162,16 +151,6 @@ def _madvise() -> Callable[[int, int, int], int] | None:
 @functools.cache
 def _fault_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(_FAULT_THREADS, thread_name_prefix="vecstore-fault")
-
-
-@functools.cache
-def _ahead_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(_AHEAD_THREADS, thread_name_prefix="vecstore-fault-ahead")
-
-
-def _fault_held(held: object, addr: int, num_bytes: int) -> None:
-    # ``held`` (the mapping's exported buffer) keeps the range mapped while it is faulted in
-    fault_in([(addr, num_bytes)])
 
 
 def _unpin(pinned: list[int], mapping: mmap.mmap) -> None:

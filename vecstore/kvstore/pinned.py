@@ -61,11 +61,7 @@ class _Reserve:
             for h in heads:
                 if target > done[h]:
                     pages.pin(h * head_bytes + done[h], target - done[h], fault=False)
-                    # rows grow by segments of one size: the next growth's pages, ahead
-                    ahead = min(target - done[h], head_bytes - target)
                     done[h] = target
-                    if pages.register:
-                        pages.fault_ahead(h * head_bytes + target, ahead)
 
     def part(self, b: int, parts: int) -> _Reserve:
         """The reserve of batch row ``b`` of ``parts`` (its ``heads // parts`` heads)."""

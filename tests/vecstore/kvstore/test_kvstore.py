@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import mmap
 import resource
-import threading
 
 import pytest
 import torch
@@ -173,36 +172,3 @@ def test_fault_in_does_nothing_when_turned_off(monkeypatch):
     monkeypatch.setattr(host_pages, "_FAULT_THREADS", 0)
     pages, memory = HostPages.map(mmap.PAGESIZE, register=False)
     assert not fault_in([(pages.base, mmap.PAGESIZE)])
-
-
-@pytest.fixture
-def one_ahead_thread(monkeypatch):
-    monkeypatch.setattr(host_pages, "_AHEAD_THREADS", 1)  # one thread: jobs run in order
-    host_pages._ahead_pool.cache_clear()
-    if host_pages._madvise() is None:
-        pytest.skip("no madvise(MADV_POPULATE_WRITE) here")
-    yield host_pages._ahead_pool()
-    host_pages._ahead_pool.cache_clear()
-
-
-def test_fault_ahead_commits_the_pages_in_the_background(one_ahead_thread):
-    pages_n = 256
-    faults = _faults_writing(HostPages.map(pages_n * mmap.PAGESIZE, register=False)[1])
-    if faults < pages_n // 2:
-        pytest.skip("anonymous pages are faulted in huge here")
-    pages, memory = HostPages.map(pages_n * mmap.PAGESIZE, register=False)
-    pages.fault_ahead(0, pages_n * mmap.PAGESIZE)
-    one_ahead_thread.submit(lambda: None).result()
-    assert _faults_writing(memory) < faults - pages_n // 2
-
-
-def test_fault_ahead_keeps_the_mapping_until_it_is_done(one_ahead_thread):
-    gate = threading.Event()
-    one_ahead_thread.submit(gate.wait)  # the faulting waits behind this
-    pages, memory = HostPages.map(16 * mmap.PAGESIZE, register=False)
-    pages.fault_ahead(0, 16 * mmap.PAGESIZE)
-    del memory
-    assert pages.alive  # only the queued job views it
-    gate.set()
-    one_ahead_thread.submit(lambda: None).result()
-    assert not pages.alive
