@@ -32,8 +32,8 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14
 # ranges are faulted in parts of at least this many bytes, each on a thread of its own
 _FAULT_PART = 4 << 20
 _FAULT_THREADS = min(8, os.cpu_count() or 1)  # 0: no faulting ahead of the registration
-# private anonymous memory: shared anonymous mappings (mmap's default) are shmem, whose
-# page faults from several threads contend on the one shmem file
+# private anonymous memory (mmap's default, shared, is shmem); under madvise the two fault
+# in about as fast (benchmarks/results/host_pages.md)
 _MAP_FLAGS = mmap.MAP_PRIVATE
 
 
