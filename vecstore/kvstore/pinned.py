@@ -53,15 +53,14 @@ class _Reserve:
         """Register every head's rows up to ``num_rows`` (whole pages)."""
         head_bytes = self.cap * self.row_bytes
         target = min(page_multiple(num_rows * self.row_bytes), head_bytes)
-        heads = range(self.head0, self.head0 + self.heads)
+        grow = [(pages, done, h) for pages, done in zip(self.pages, self.pinned, strict=True)
+                for h in range(self.head0, self.head0 + self.heads) if target > done[h]]
+        # every range's pages faulted in together, then each registered
         fault_in([(pages.base + h * head_bytes + done[h], target - done[h])
-                  for pages, done in zip(self.pages, self.pinned, strict=True)
-                  for h in heads if pages.register and target > done[h]])
-        for pages, done in zip(self.pages, self.pinned, strict=True):
-            for h in heads:
-                if target > done[h]:
-                    pages.pin(h * head_bytes + done[h], target - done[h], fault=False)
-                    done[h] = target
+                  for pages, done, h in grow if pages.register])
+        for pages, done, h in grow:
+            pages.pin(h * head_bytes + done[h], target - done[h], fault=False)
+            done[h] = target
 
     def part(self, b: int, parts: int) -> _Reserve:
         """The reserve of batch row ``b`` of ``parts`` (its ``heads // parts`` heads)."""
