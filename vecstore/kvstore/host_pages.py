@@ -6,7 +6,8 @@ cost address space only, so a mapping may be reserved larger than its rows and g
 :meth:`HostPages.pin` registers a further range as rows reach it, after faulting its pages
 in from several threads (:func:`fault_in`): ``cudaHostRegister`` of untouched pages faults
 and zeroes them one by one inside the call, the most of a pinned prefill's extra time
-(``benchmarks/host_pages.py``). Registrations last exactly
+(``benchmarks/host_pages.py``); :meth:`HostPages.fault_ahead` faults a range expected next
+in on a background thread, while the GPU computes. Registrations last exactly
 as long as some tensor views the mapping, and are undone before it is unmapped: a range
 unmapped while registered could be mapped again at the same addresses, which CUDA then
 refuses to register (``cudaErrorHostMemoryAlreadyRegistered``).
@@ -18,9 +19,10 @@ import ctypes
 import functools
 import mmap
 import os
+import sys
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -33,8 +35,10 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14
 _FAULT_PART = 4 << 20
 _FAULT_THREADS = min(8, os.cpu_count() or 1)  # 0: no faulting ahead of the registration
 # private anonymous memory (mmap's default, shared, is shmem); under madvise the two fault
-# in about as fast (benchmarks/results/host_pages.md)
-_MAP_FLAGS = mmap.MAP_PRIVATE
+# in about as fast (benchmarks/results/host_pages.md). Reserved, not committed: only pages
+# faulted in count against the host's memory
+_MAP_FLAGS = mmap.MAP_PRIVATE | getattr(
+    mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)  # Python 3.13 names it
 
 
 def page_multiple(num_bytes: int) -> int:
@@ -62,6 +66,7 @@ class HostPages:
         self.register = register
         self._pinned = pinned  # base addresses of the registered ranges
         self._finalizer = finalizer
+        self._ahead: list[Future[bool]] = []  # jobs faulting ranges in in the background
 
     @classmethod
     def map(cls, num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
@@ -84,6 +89,23 @@ class HostPages:
     def num_pinned(self) -> int:
         """Ranges registered now (none once the mapping is gone)."""
         return len(self._pinned)
+
+    def fault_ahead(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fault the ``(offset, num_bytes)`` ranges of the mapping in on a background thread
+        (:func:`fault_in`; nothing is registered), so that a later :meth:`pin` of them only
+        registers. The job holds the mapping until it is done; :meth:`settle` waits for it.
+        Pages faulted in ahead are committed host memory until the mapping goes."""
+        held = self._finalizer.peek()
+        ranges = [(self.base + offset, n) for offset, n in ranges if n > 0]
+        if held is None or not ranges or _madvise() is None or _FAULT_THREADS < 1:
+            return
+        self._ahead = [job for job in self._ahead if not job.done()]
+        self._ahead.append(_ahead_pool().submit(_fault_held, held[0], ranges))
+
+    def settle(self) -> None:
+        """Wait for the ranges :meth:`fault_ahead` asked for to be faulted in."""
+        while self._ahead:
+            self._ahead.pop().result()
 
     def pin(self, offset: int, num_bytes: int, *, fault: bool = True) -> None:
         """Register ``[offset, offset + num_bytes)`` of the mapping (whole pages, none
@@ -151,6 +173,17 @@ def _madvise() -> Callable[[int, int, int], int] | None:
 @functools.cache
 def _fault_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(_FAULT_THREADS, thread_name_prefix="vecstore-fault")
+
+
+@functools.cache
+def _ahead_pool() -> ThreadPoolExecutor:
+    # one thread: jobs run in order, each spreading its ranges over the fault pool
+    return ThreadPoolExecutor(1, thread_name_prefix="vecstore-fault-ahead")
+
+
+def _fault_held(held: object, ranges: list[tuple[int, int]]) -> bool:
+    # ``held`` (the mapping's exported buffer) keeps the ranges mapped until they are done
+    return fault_in(ranges)
 
 
 def _unpin(pinned: list[int], mapping: mmap.mmap) -> None:

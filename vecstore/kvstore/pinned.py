@@ -29,10 +29,10 @@ __all__ = ["PinnedKVStore"]
 
 # A layer grown in place (:meth:`PinnedKVStore.extend`) reserves address space for this many
 # times its rows; pages are committed and pinned only as rows reach them. Growing past the
-# reserve moves the rows once into a new one, so a prompt indexed segment by segment is
-# copied about 1.6 times in all, where placing every segment anew copied ~8.5 times its rows
-# at 128K tokens (and pinned fresh pages each time)
-_RESERVE = 4
+# reserve moves the rows into a new one, registering fresh pages for them again: a 128K
+# prompt indexed in segments of 8K first grows from 16K rows, so it stays in its first
+# reserve (with 4, its rows moved once at 64K and 1.44 times its rows were registered)
+_RESERVE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,17 +50,30 @@ class _Reserve:
     head0: int = 0
 
     def pin_rows(self, num_rows: int) -> None:
-        """Register every head's rows up to ``num_rows`` (whole pages)."""
+        """Register every head's rows up to ``num_rows`` (whole pages), then, where they
+        grew (not on their first registration), fault the next growth of the same size in on
+        a background thread: rows grow by segments of one size, and faulting is most of what
+        registering fresh pages costs (:meth:`HostPages.fault_ahead`)."""
         head_bytes = self.cap * self.row_bytes
         target = min(page_multiple(num_rows * self.row_bytes), head_bytes)
         grow = [(pages, done, h) for pages, done in zip(self.pages, self.pinned, strict=True)
                 for h in range(self.head0, self.head0 + self.heads) if target > done[h]]
-        # every range's pages faulted in together, then each registered
+        for pages in self.pages:
+            pages.settle()
+        # every range's pages faulted in together (those faulted in ahead cost little), then
+        # each registered
         fault_in([(pages.base + h * head_bytes + done[h], target - done[h])
                   for pages, done, h in grow if pages.register])
+        ahead: dict[int, list[tuple[int, int]]] = {}
         for pages, done, h in grow:
             pages.pin(h * head_bytes + done[h], target - done[h], fault=False)
+            if done[h]:
+                ahead.setdefault(id(pages), []).append(
+                    (h * head_bytes + target, min(target - done[h], head_bytes - target)))
             done[h] = target
+        for pages in self.pages:
+            if pages.register and id(pages) in ahead:
+                pages.fault_ahead(ahead[id(pages)])
 
     def part(self, b: int, parts: int) -> _Reserve:
         """The reserve of batch row ``b`` of ``parts`` (its ``heads // parts`` heads)."""

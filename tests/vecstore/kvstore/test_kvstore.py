@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import resource
+import threading
 
 import pytest
 import torch
@@ -82,7 +83,7 @@ def test_growable_pinned_rows_grow_in_place_from_the_first_growth():
     rows = growable_rows(tier, (2, 4, 100, 8), torch.float32)
     rows.keys.fill_(1.0)
     ptr = rows.keys.data_ptr()
-    for n in (101, 250, 400):  # within the reserve of 4 x 100 rows (a whole page more)
+    for n in (101, 250, 400):  # within the reserve of 16 x 100 rows
         rows = tier.extend(rows, n)
         assert rows.keys.data_ptr() == ptr and rows.keys.shape == (2, 4, n, 8)
         assert rows.num_bytes == tier.account.used_bytes == 2 * 2 * 4 * n * 8 * 4
@@ -104,7 +105,7 @@ def test_split_pinned_rows_grow_in_place_in_their_heads_registering_each_range_o
 
     monkeypatch.setattr(HostPages, "pin", record)
     tier = PinnedKVStore()
-    stack = growable_rows(tier, (3, 2, 100, 8), torch.float32)  # reserve: 4 x 100 rows
+    stack = growable_rows(tier, (3, 2, 100, 8), torch.float32)  # reserve: 16 x 100 rows
     stack.keys.fill_(1.0)
     ptr, stride = stack.keys.data_ptr(), stack.keys.stride()
     parts = tier.split(stack)
@@ -172,3 +173,74 @@ def test_fault_in_does_nothing_when_turned_off(monkeypatch):
     monkeypatch.setattr(host_pages, "_FAULT_THREADS", 0)
     pages, memory = HostPages.map(mmap.PAGESIZE, register=False)
     assert not fault_in([(pages.base, mmap.PAGESIZE)])
+
+
+@pytest.fixture
+def ahead_pool():
+    host_pages._ahead_pool.cache_clear()
+    if host_pages._madvise() is None:
+        pytest.skip("no madvise(MADV_POPULATE_WRITE) here")
+    yield host_pages._ahead_pool()
+    host_pages._ahead_pool.cache_clear()
+
+
+def test_fault_ahead_commits_the_pages_in_the_background(ahead_pool):
+    n = 256
+    faults = _faults_writing(HostPages.map(n * mmap.PAGESIZE, register=False)[1])
+    if faults < n // 2:
+        pytest.skip("anonymous pages are faulted in huge here")
+    pages, memory = HostPages.map(n * mmap.PAGESIZE, register=False)
+    memory[: 2 * mmap.PAGESIZE] = 3
+    pages.fault_ahead([(mmap.PAGESIZE, 100 * mmap.PAGESIZE), (150 * mmap.PAGESIZE, 0)])
+    pages.settle()
+    assert int(memory[: 2 * mmap.PAGESIZE].sum()) == 3 * 2 * mmap.PAGESIZE  # kept
+    # the 100 pages faulted in ahead do not fault when written; the rest do
+    assert faults - 100 - n // 8 < _faults_writing(memory) < faults - 100 + n // 8
+
+
+def test_fault_ahead_keeps_the_mapping_until_it_is_done(ahead_pool):
+    gate = threading.Event()
+    ahead_pool.submit(gate.wait)  # one thread: the faulting waits behind this
+    pages, memory = HostPages.map(16 * mmap.PAGESIZE, register=False)
+    pages.fault_ahead([(0, 16 * mmap.PAGESIZE)])
+    del memory
+    assert pages.alive  # only the queued job views it
+    gate.set()
+    pages.settle()
+    assert not pages.alive
+
+
+def test_a_growth_faults_the_next_one_in_ahead_and_registers_it_later(monkeypatch,
+                                                                     ahead_pool):
+    # registration recorded, not made (no CUDA here): what the tier asks of its pages
+    pinned: list[tuple[int, int, int]] = []
+    ahead: list[tuple[int, int, int]] = []
+    fault_ahead = HostPages.fault_ahead
+    monkeypatch.setattr(HostPages, "pin", lambda pages, offset, n, *, fault=True:
+                        pinned.append((pages.base, offset, n)))
+
+    def record(pages: HostPages, ranges: list[tuple[int, int]]) -> None:
+        ahead.extend((pages.base, o, n) for o, n in ranges)
+        fault_ahead(pages, ranges)
+
+    monkeypatch.setattr(HostPages, "fault_ahead", record)
+    tier = PinnedKVStore()
+    tier.is_pinned = True
+    row = 4 * mmap.PAGESIZE  # a row of 16 KiB: a growth of r rows is 4 r pages a head
+    rows = growable_rows(tier, (1, 2, 3, row // 4), torch.float32)
+    rows.keys.fill_(1.0)
+    assert ahead == [] and len(pinned) == 4  # a first registration: no growth to repeat
+    head = 16 * 3 * row  # the reserve: 16 times the rows
+    keys = rows.keys.data_ptr()
+    rows = tier.extend(rows, 5)  # grew by 2 rows: the next 2 faulted in ahead
+    assert sorted(a for a in ahead if a[0] == keys) == [(keys, 5 * row, 2 * row),
+                                                        (keys, head + 5 * row, 2 * row)]
+    ahead.clear()
+    rows = tier.extend(rows, 47)  # 42 rows more: only 1 row is left in the reserve
+    assert sorted(a for a in ahead if a[0] == keys) == [(keys, 47 * row, row),
+                                                        (keys, head + 47 * row, row)]
+    assert sorted(p[1:] for p in pinned if p[0] == keys) == [
+        (0, 3 * row), (3 * row, 2 * row), (5 * row, 42 * row), (head, 3 * row),
+        (head + 3 * row, 2 * row), (head + 5 * row, 42 * row)]
+    assert float(rows.keys[:, :, :3].sum()) == 2 * 3 * row // 4  # kept through it all
+    tier.free(rows)
