@@ -17,6 +17,7 @@ import torch
 from vecstore.engine.layer_staging import StagedAppend
 from vecstore.engine.layer_state import LayerState
 from vecstore.index.base import Segment
+from vecstore.kvstore.row_transfer import host_writes_together
 
 __all__ = ["build_together", "commit_together"]
 
@@ -64,12 +65,15 @@ def build_together(states: list[LayerState], staged: list[StagedAppend]) -> list
 
 def commit_together(states: list[LayerState], staged: list[StagedAppend]) -> None:
     """Build the staged appends' segments together (:func:`build_together`), then commit
-    each to its layer, in order; a placement that does not fit raises
-    :class:`~vecstore.errors.CapacityError` with the layers before it committed (the
-    store's transaction rolls them back)."""
+    each to its layer, in order, their rows in host memory on return; a placement that
+    does not fit raises :class:`~vecstore.errors.CapacityError` with the layers before it
+    committed (the store's transaction rolls them back)."""
     built = build_together(states, staged)
-    for state, st, new in zip(states, staged, built, strict=True):
-        state.commit(st, new)
+    # rows copied into host memory are waited for once, after the last layer's placement:
+    # placing a layer (registering pinned pages) overlaps the copies before it
+    with host_writes_together():
+        for state, st, new in zip(states, staged, built, strict=True):
+            state.commit(st, new)
 
 
 def _heads_of(segment: Segment, heads: slice, start: int) -> Segment:

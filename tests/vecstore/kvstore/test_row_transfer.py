@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vecstore.kvstore.pinned import PinnedKVStore
-from vecstore.kvstore.row_transfer import copy_across
+from vecstore.kvstore.row_transfer import copy_across, host_writes_together
 
 
 def _grown(tier: PinnedKVStore, heads: int, dim: int, sizes: list[int]):
@@ -43,3 +43,28 @@ def test_gpu_copy_across_writes_and_reads_rows_spanning_registrations():
     back = torch.empty(heads, sizes[-1], dim, dtype=torch.bfloat16, device="cuda")
     copy_across(rows.keys, back)
     assert torch.equal(back, src)
+
+
+@pytest.mark.gpu
+def test_gpu_copies_into_host_memory_made_together_are_waited_for_once(monkeypatch):
+    waits: list[torch.cuda.Stream] = []
+    synchronize = torch.cuda.Stream.synchronize
+
+    def record(stream: torch.cuda.Stream) -> None:
+        waits.append(stream)
+        synchronize(stream)
+
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize", record)
+    tier = PinnedKVStore()
+    heads, dim, sizes = 8, 128, [8192, 16384, 24576, 65536]
+    rows = _grown(tier, heads, dim, sizes)
+    src = torch.randn(heads, sizes[-1], dim, device="cuda").to(torch.bfloat16)
+    with host_writes_together():
+        for lo, hi in zip([0, *sizes[:-1]], sizes, strict=True):
+            copy_across(src[:, lo:hi], rows.keys[:, lo:hi])
+            copy_across(src[:, lo:hi], rows.values[:, lo:hi])
+        assert waits == []  # none waited for yet
+    assert len(waits) == 1  # all of them, on leaving
+    assert torch.equal(rows.keys, src.cpu()) and torch.equal(rows.values, src.cpu())
+    copy_across(src[:, :8], rows.keys[:, :8])  # outside it: waited for on return
+    assert len(waits) == 2
