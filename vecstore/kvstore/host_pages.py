@@ -97,7 +97,7 @@ class HostPages:
         Pages faulted in ahead are committed host memory until the mapping goes."""
         held = self._finalizer.peek()
         ranges = [(self.base + offset, n) for offset, n in ranges if n > 0]
-        if held is None or not ranges or _madvise() is None or _FAULT_THREADS < 1:
+        if held is None or not ranges:
             return
         self._ahead = [job for job in self._ahead if not job.done()]
         self._ahead.append(_ahead_pool().submit(_fault_held, held[0], ranges))

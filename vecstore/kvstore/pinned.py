@@ -64,16 +64,16 @@ class _Reserve:
         # each registered
         fault_in([(pages.base + h * head_bytes + done[h], target - done[h])
                   for pages, done, h in grow if pages.register])
-        ahead: dict[int, list[tuple[int, int]]] = {}
+        ahead = []
         for pages, done, h in grow:
             pages.pin(h * head_bytes + done[h], target - done[h], fault=False)
             if done[h]:
-                ahead.setdefault(id(pages), []).append(
-                    (h * head_bytes + target, min(target - done[h], head_bytes - target)))
+                ahead.append((pages, h * head_bytes + target,
+                              min(target - done[h], head_bytes - target)))
             done[h] = target
         for pages in self.pages:
-            if pages.register and id(pages) in ahead:
-                pages.fault_ahead(ahead[id(pages)])
+            if pages.register:
+                pages.fault_ahead([(offset, n) for p, offset, n in ahead if p is pages])
 
     def part(self, b: int, parts: int) -> _Reserve:
         """The reserve of batch row ``b`` of ``parts`` (its ``heads // parts`` heads)."""
