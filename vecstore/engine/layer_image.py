@@ -10,7 +10,7 @@ import torch
 from vecstore.index.base import IndexView, Segment
 from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows
 from vecstore.kvstore.placement import Placement
-from vecstore.kvstore.row_transfer import copy_across
+from vecstore.kvstore.row_transfer import copy_across, host_writes_together
 
 __all__ = ["LayerImage", "place_segments"]
 
@@ -102,18 +102,19 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
     meta = {k: torch.cat([s.meta[k].to(device) for s in segments], dim=1)
             for k in segments[0].meta}
     placed, parts, base, ubase = [], [segments[0].offsets[:, :1].to(device)], 0, 0
-    for i, s in enumerate(segments):
-        n, u = s.num_tokens, s.num_units
-        k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
-        if i >= kept:
-            copy_across(s.keys, k)
-            copy_across(s.values, v)
-        offsets = s.offsets.to(device)
-        parts.append(offsets[:, 1:] + base)
-        placed.append(Segment(s.start, s.end, k, v, offsets,
-                              {key: t[:, ubase:ubase + u] for key, t in meta.items()}))
-        base += n
-        ubase += u
+    with host_writes_together():  # the rows in host memory are waited for once
+        for i, s in enumerate(segments):
+            n, u = s.num_tokens, s.num_units
+            k, v = rows.keys[:, base:base + n], rows.values[:, base:base + n]
+            if i >= kept:
+                copy_across(s.keys, k)
+                copy_across(s.values, v)
+            offsets = s.offsets.to(device)
+            parts.append(offsets[:, 1:] + base)
+            placed.append(Segment(s.start, s.end, k, v, offsets,
+                                  {key: t[:, ubase:ubase + u] for key, t in meta.items()}))
+            base += n
+            ubase += u
     view_offsets = torch.cat(parts, dim=1)
     view = IndexView(keys=rows.keys[None], values=rows.values[None],
                      offsets=view_offsets[None], sizes=view_offsets.diff(dim=-1)[None],

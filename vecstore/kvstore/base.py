@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from vecstore.errors import CapacityError
-from vecstore.kvstore.row_transfer import copy_across
+from vecstore.kvstore.row_transfer import copy_across, host_writes_together
 from vecstore.registry import Registry
 
 __all__ = ["KVStore", "StoredRows", "KVSTORES", "MemoryAccount", "make_kvstore", "copy_rows",
@@ -207,8 +207,9 @@ def copy_rows(tier: KVStore, keys: torch.Tensor, values: torch.Tensor) -> Stored
     """:meth:`KVStore.store` through :meth:`KVStore.allocate`: a copy of ``keys, values`` in
     ``tier``, never a view of the caller's tensors."""
     rows = tier.allocate(tuple(keys.shape), keys.dtype, f"rows {tuple(keys.shape)}")
-    copy_across(keys, rows.keys)
-    copy_across(values, rows.values)
+    with host_writes_together():
+        copy_across(keys, rows.keys)
+        copy_across(values, rows.values)
     return rows
 
 

@@ -8,7 +8,7 @@ non-contiguous host tensor through a pageable staging buffer and a copy on the C
 a GPU and registered host memory :func:`copy_across` has the GPU load and store the rows
 itself (:func:`vecstore.kernels.row_copy.copy_rows`), which any mapped range serves.
 Copies into host memory made within :func:`host_writes_together` are waited for once, when
-it ends, so the host's work between them overlaps the GPU's.
+the outermost one ends, so the host's work between them overlaps the GPU's.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ _pending: ContextVar[dict[int, torch.cuda.Stream] | None] = ContextVar(
 def host_writes_together() -> Iterator[None]:
     """Within it, :func:`copy_across` into host memory returns without waiting; on leaving,
     the host waits for every such copy (once per stream), the rows then in host memory.
+    Entered within another, it joins that one: its copies are waited for when the
+    outermost ends.
 
     Examples
     --------
@@ -41,6 +43,9 @@ def host_writes_together() -> Iterator[None]:
     >>> float(dst.sum())
     6.0
     """
+    if _pending.get() is not None:
+        yield
+        return
     streams: dict[int, torch.cuda.Stream] = {}
     token = _pending.set(streams)
     try:
