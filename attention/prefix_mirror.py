@@ -10,7 +10,10 @@ order, not in the store's. An entry is used only while it holds as many tokens a
 sequence stores in that layer (:meth:`vecstore.Sequence.tokens`): otherwise (an ingestion
 that failed, tokens appended or rolled back elsewhere) it is rebuilt from ``kv_blocks``,
 one copy. Memory is bounded (``attention.prefill_mirror_gb``): a row whose mirror does
-not fit gets none, and its chunks read the tier as before.
+not fit gets none, and its chunks read the tier as before. Unset, the bound is the
+device's: a growth leaves free a quarter of the memory the device had available when the
+prompt's first chunk reached the mirror (:func:`available_bytes`), whatever else the
+prefill allocated since; off on a CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +25,25 @@ import torch
 from attention.prefix import pack_blocks
 from vecstore import Sequence
 
-__all__ = ["PrefixMirror"]
+__all__ = ["PrefixMirror", "available_bytes"]
+
+HEADROOM = 0.25
+"""Share of the memory available at a prompt's start an unbounded mirror leaves free."""
+
+
+def available_bytes(device: torch.device) -> int:
+    """Device memory a new tensor could take on ``device``: what the CUDA driver reports
+    free plus what torch's allocator holds unused; 0 on a device that is not CUDA.
+
+    Examples
+    --------
+    >>> available_bytes(torch.device("cpu"))
+    0
+    """
+    if device.type != "cuda":
+        return 0
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
 @dataclass(slots=True)
@@ -43,9 +64,11 @@ class PrefixMirror:
 
     Parameters
     ----------
-    max_bytes : int
+    max_bytes : int | None
         The most bytes of keys and values the mirror holds (capacity included); 0 holds
-        nothing.
+        nothing. ``None``: the device's memory, each growth leaving free
+        :data:`HEADROOM` of what the device had available (:func:`available_bytes`) at
+        the prompt's first growth (after construction or :meth:`clear`).
 
     Examples
     --------
@@ -64,10 +87,11 @@ class PrefixMirror:
     0
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int | None) -> None:
         self.max_bytes = max_bytes
         self._entries: dict[tuple[Sequence, int], _Entry] = {}
         self._held = 0
+        self._keep_free: int | None = None  # bytes a growth leaves available (unbounded)
 
     @property
     def held_bytes(self) -> int:
@@ -124,6 +148,7 @@ class PrefixMirror:
         """Drop every entry (their memory is freed once no attention reads it)."""
         self._entries.clear()
         self._held = 0
+        self._keep_free = None
 
     def _pop(self, key: tuple[Sequence, int]) -> _Entry | None:
         entry = self._entries.pop(key, None)
@@ -139,7 +164,7 @@ class PrefixMirror:
             return entry
         H, _, D = like.shape
         token_bytes = 2 * H * D * like.element_size()
-        room = (self.max_bytes - self._held) // token_bytes
+        room = self._room_bytes(like.device) // token_bytes
         cap = min(max(need, 2 * entry.keys.shape[1]) if entry is not None else need, room)
         if cap < need:
             return None
@@ -153,3 +178,13 @@ class PrefixMirror:
         keys[:, :entry.count].copy_(entry.keys[:, :entry.count])
         values[:, :entry.count].copy_(entry.values[:, :entry.count])
         return _Entry(keys, values, entry.count)
+
+    def _room_bytes(self, device: torch.device) -> int:
+        """Bytes a growth may take: within ``max_bytes``, or (unbounded) what ``device``
+        has available less the headroom decided at the prompt's first growth."""
+        if self.max_bytes is not None:
+            return self.max_bytes - self._held
+        available = available_bytes(device)
+        if self._keep_free is None:
+            self._keep_free = int(HEADROOM * available)
+        return available - self._keep_free

@@ -4,8 +4,8 @@ A model binding (``integrations.hf`` for transformers) calls :class:`StoreAttent
 from each attention layer with the step's post-RoPE queries, keys and values. Steps with
 several tokens go through :func:`attention.prefill.prefill`, single-token steps over a
 non-empty store through :func:`attention.decode.decode`; either way the valid tokens end
-up in the store, one :class:`vecstore.Sequence` per batch row. With
-``attention.prefill_mirror_gb`` set, the prompt's chunks keep offloaded rows' stored
+up in the store, one :class:`vecstore.Sequence` per batch row. Unless
+``attention.prefill_mirror_gb`` is 0, the prompt's chunks keep offloaded rows' stored
 prefixes on the device (:class:`attention.prefix_mirror.PrefixMirror`) until the first
 decode step.
 """
@@ -90,7 +90,7 @@ class StoreAttention:
     ----------
     mirror : PrefixMirror | None
         The rows' stored prefixes the prefill keeps on the device
-        (``attention.prefill_mirror_gb``; ``None`` when 0); emptied by the first decode
+        (``attention.prefill_mirror_gb``; ``None`` when it is 0); emptied by the first decode
         step and by :meth:`release`.
 
     Examples
@@ -120,8 +120,9 @@ class StoreAttention:
         self._pending: list[QueryStats] = []  # not folded into _stats yet (maybe deferred)
         self._prefilled: set[int] = set()  # layers whose last call was a prefill
         self._decoder: BatchDecoder | None = None  # whose stats are not folded yet
-        mirror_bytes = int(store.config.attention.prefill_mirror_gb * 2**30)
-        self.mirror = PrefixMirror(mirror_bytes) if mirror_bytes else None
+        gb = store.config.attention.prefill_mirror_gb
+        mirror_bytes = None if gb is None else int(gb * 2**30)  # None: the device's bound
+        self.mirror = PrefixMirror(mirror_bytes) if mirror_bytes != 0 else None
 
     @property
     def decode_stats(self) -> DecodeStats:

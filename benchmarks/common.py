@@ -21,7 +21,7 @@ import torch
 from vecstore.index.base import IndexView
 
 __all__ = ["Timer", "ceilings", "synthetic_view", "machine", "write_results", "RESULTS",
-           "LONG_SLEEP_CYCLES", "prefill_mirror_gb"]
+           "LONG_SLEEP_CYCLES"]
 
 RESULTS = Path(__file__).parent / "results"
 _SLEEP_CYCLES = 100_000  # ~50 us at the H200's ~2 GHz
@@ -124,16 +124,6 @@ def synthetic_view(batch: int, tokens: int, heads: int, dim: int, *, tokens_per_
     return IndexView(keys=keys, values=values, offsets=offsets, sizes=sizes,
                      meta={"centroids": cents, "radii": radii, "value_sums": vsums},
                      num_units=torch.full((batch,), num))
-
-
-def prefill_mirror_gb(kv_bytes: int, device: torch.device) -> float:
-    """``attention.prefill_mirror_gb`` for pinned rows whose prompts hold ``kv_bytes`` of
-    keys and values in all: twice that (a row's mirror grows by doubling), within half the
-    memory free on a CUDA ``device``, so a mirror never takes what the prefill needs."""
-    gb = 2 * kv_bytes / 2**30
-    if device.type == "cuda":
-        gb = min(gb, torch.cuda.mem_get_info(device)[0] / 2 / 2**30)
-    return gb
 
 
 def machine() -> dict[str, Any]:

@@ -24,7 +24,8 @@ Caches (``--caches``):
 - ``wave``: :class:`integrations.hf.WaveCache` with the ``wave`` executor, KV on the GPU;
 - ``wave-pinned``: the same with ``kvstore.kind = "pinned"`` (KV in pinned host memory,
   served through the GPU block cache; its prefill keeps the rows' stored prefixes on the
-  GPU across the chunks, ``attention.prefill_mirror_gb``);
+  GPU across the chunks, as much as the GPU holds: ``attention.prefill_mirror_gb``'s
+  default);
 - ``dynamic``, ``static``: transformers' ``DynamicCache`` / ``StaticCache`` with ``sdpa``
   ("transformers' defaults": reported, never a baseline).
 

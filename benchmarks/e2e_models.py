@@ -36,9 +36,8 @@ def make_cache(name: str, model, batch: int, length: int, *, compile_layers: boo
     attention; ``full`` gets them from :func:`make_step`)."""
     from transformers import DynamicCache, StaticCache
 
-    from benchmarks.common import prefill_mirror_gb
     from benchmarks.full_attention import FullCache
-    from integrations.hf import WaveCache, model_shape
+    from integrations.hf import WaveCache
 
     device = next(model.parameters()).device
     if name == "full":
@@ -50,14 +49,8 @@ def make_cache(name: str, model, batch: int, length: int, *, compile_layers: boo
     # executor kind "auto": the wave executor on CUDA, the torch reference on the CPU;
     # on CUDA the WaveCache captures its decode forward in one CUDA graph by default
     config: dict = {"executor": {"device": str(device)}}
-    if name == "wave-pinned":
-        # the prompt's rows kept on the GPU across its prefill chunks: otherwise each chunk
-        # copies its rows' whole stored prefix from pinned memory
-        shape = model_shape(model)
-        kv_bytes = (2 * len(shape.store_layers) * batch * length * shape.num_kv_heads
-                    * shape.head_dim * shape.dtype.itemsize)
+    if name == "wave-pinned":  # the default config's prefill mirror included
         config["kvstore"] = {"kind": "pinned"}
-        config["attention"] = {"prefill_mirror_gb": prefill_mirror_gb(kv_bytes, device)}
     return WaveCache(config, model, cuda_graphs=True if compile_layers else None,
                      compile_layers=compile_layers)
 

@@ -10,7 +10,8 @@ per forward pass. Only what differs between the caches is timed, per chunk and l
 - ``wave``: :class:`attention.StoreAttention` (exact attention over the stored prefix and
   the chunk, row by row, then ingestion: index builds in whole segments, placement), one
   row per ``--kvstore`` kind (``memory``, ``pinned``; pinned rows' stored prefixes kept on
-  the device across the chunks, ``attention.prefill_mirror_gb``).
+  the device across the chunks, bounded by its memory: ``attention.prefill_mirror_gb``'s
+  default).
 - ``ingest``: the store's appends of the same chunks alone (what the index build and the
   placement cost), as prefill makes them (``whole_segments``); ``ingest_per_update``: as
   before, indexing at every ``update_tokens`` boundary (a segment per chunk).
@@ -45,7 +46,6 @@ from attention import StoreAttention  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     machine,
-    prefill_mirror_gb,
     print_row,
     write_results,
 )
@@ -78,9 +78,6 @@ def run(variant: str, kind: str, args: argparse.Namespace, dev: torch.device) ->
     B, T, L = args.batch, args.context, args.chunk
     gen = torch.Generator(device=dev).manual_seed(0)
     config: dict = {"kvstore": {"kind": kind}, "executor": {"device": str(dev)}}
-    if kind == "pinned":  # the prompt's rows kept on the device across its chunks
-        kv_bytes = 2 * args.layers * B * T * Hkv * D * torch.bfloat16.itemsize
-        config["attention"] = {"prefill_mirror_gb": prefill_mirror_gb(kv_bytes, dev)}
     store = Store.open(config=config)
     seqs = [store.create(f"r{b}", num_layers=args.layers, num_kv_heads=Hkv, head_dim=D,
                          dtype=torch.bfloat16) for b in range(B)]

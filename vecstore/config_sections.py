@@ -95,13 +95,14 @@ class AttentionConfig:
         Most GiB of keys and values a prefill chunk packs for one attention call over a
         group of rows' stored prefixes (4.0; a longer row is a group of its own): the
         prefill's scratch memory on the device (:mod:`attention.prefix`).
-    prefill_mirror_gb : float
+    prefill_mirror_gb : float | None
         Most GiB of device memory one :class:`attention.StoreAttention` keeps copies of its
         rows' stored prefixes in across a prompt's prefill chunks, for rows whose tier is
         not resident (``kvstore.kind = "pinned"``), so a chunk does not read its row's
         whole prefix from host memory again (:mod:`attention.prefix_mirror`); freed at the
-        first decode step. A row that does not fit is read from its tier. 0.0 (default):
-        off.
+        first decode step. A row that does not fit is read from its tier. 0.0: off.
+        ``None`` (default): as much as the CUDA device has available, leaving free a
+        quarter of what it had at the prompt's first chunk (off on a CPU).
     """
 
     sink_tokens: int = 4
@@ -110,7 +111,7 @@ class AttentionConfig:
     estimation_budget: float = 0.232
     update_tokens: int = 1024
     prefill_group_gb: float = 4.0
-    prefill_mirror_gb: float = 0.0
+    prefill_mirror_gb: float | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "attention")
@@ -122,7 +123,8 @@ class AttentionConfig:
                f"must be in [0, 1], got {self.estimation_budget}")
         require(self.update_tokens >= 1, "attention.update_tokens", "must be >= 1")
         require(self.prefill_group_gb >= 0, "attention.prefill_group_gb", "must be >= 0")
-        require(self.prefill_mirror_gb >= 0, "attention.prefill_mirror_gb", "must be >= 0")
+        require(self.prefill_mirror_gb is None or self.prefill_mirror_gb >= 0,
+                "attention.prefill_mirror_gb", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -168,8 +168,11 @@ def test_the_first_decode_step_frees_the_mirror():
         assert attn.mirror.held_bytes == 0
 
 
-def test_the_mirror_is_off_by_default():
+def test_the_mirror_is_bounded_by_the_device_by_default_and_off_at_zero():
     with Store.open() as store:
+        seq = store.create("s", num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+        assert StoreAttention(store, [seq]).mirror.max_bytes is None
+    with Store.open(config=_config(0.0)) as store:
         seq = store.create("s", num_layers=1, num_kv_heads=2, head_dim=8, dtype=torch.float32)
         assert StoreAttention(store, [seq]).mirror is None
 
@@ -242,3 +245,49 @@ def test_cuda_bfloat16_chunks_through_the_mirror_match_the_tier():
     for b in range(len(lengths)):
         want = _reference(*(t.bfloat16().float() for t in (q[b], k[b], v[b])), valid[b])
         assert rel_err(outs[1.0][b].float().cpu(), want) < 2e-2
+
+
+def test_unbounded_mirror_holds_nothing_on_a_cpu():
+    k, v = torch.randn(2, 9, 8), torch.randn(2, 9, 8)
+    store, (seq,) = _store_and_seqs(1)
+    with store:
+        mirror = PrefixMirror(None)
+        assert mirror.extend(seq, 0, k, v) is None  # a CPU: rows are read from their tier
+        assert mirror.held_bytes == 0
+
+
+def test_unbounded_mirror_leaves_free_a_share_of_what_the_prompt_started_with(monkeypatch):
+    # a CUDA device's memory as the driver and torch's allocator report it, faked: a growth
+    # takes what is available above the headroom decided at the prompt's first growth
+    import attention.prefix_mirror as pm
+
+    token = 2 * 2 * 8 * 4  # keys and values of one token: 2 heads of 8 float32
+    available = [200 * token]
+    monkeypatch.setattr(pm, "available_bytes", lambda device: available[0])
+    k, v = torch.randn(2, 200, 8), torch.randn(2, 200, 8)
+    store, (seq, other) = _store_and_seqs(2)
+    with store:
+        mirror = PrefixMirror(None)
+        mirror.extend(seq, 0, k[:, :40], v[:, :40])  # headroom: 50 of 200 tokens' bytes
+        seq.append(0, k[:, :40], v[:, :40])
+        available[0] -= 40 * token  # what the entry took
+        keys, _ = mirror.extend(seq, 0, k[:, 40:75], v[:, 40:75])
+        assert keys.shape[1] == 75 and mirror.held_bytes == 80 * token  # doubled: 80 <= 110
+        seq.append(0, k[:, 40:75], v[:, 40:75])
+        available[0] = 60 * token  # others took memory since: 60 - 50 is no room for 85
+        assert mirror.extend(seq, 0, k[:, 75:85], v[:, 75:85]) is None
+        mirror.clear()  # a new prompt decides its headroom again: 10 of 40
+        available[0] = 40 * token
+        assert mirror.extend(other, 0, k[:, :30], v[:, :30])[0].shape[1] == 30
+        mirror.clear()
+        assert mirror.extend(other, 0, k[:, :31], v[:, :31]) is None  # 31 > 40 - 10
+
+
+def test_available_bytes_counts_what_torchs_allocator_holds_unused(monkeypatch):
+    from attention.prefix_mirror import available_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000, 5000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 300)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 120)
+    assert available_bytes(torch.device("cuda", 0)) == 1180
+    assert available_bytes(torch.device("cpu")) == 0
