@@ -32,7 +32,10 @@ Caches (``--caches``):
 Each row is one cache at one batch (:mod:`benchmarks.e2e_report`): tokens/s and its ratio to
 ``full`` at the same batch (``vs_full``), the decode step's wall time and the time the GPU
 was busy in it (``gpu_ms``, from the profiler over a few more steps; ``wall_over_gpu`` > 1 is
-time the GPU waited for the host), the prefill time and its ratio to ``full``'s, the KV
+time the GPU waited for the host), the prefill time and its ratio to ``full``'s, the time
+to the first token after the prompt's (``first_step_s``: that step, and what it does once
+-- indexing the tails' last segment, stacking the batch's views, compiling, capturing
+graphs), the KV
 bytes the attention reads per step over all layers (``kv_read_gbs``: the whole filled KV for
 ``full`` and ``dynamic``, the preallocated length for ``static``, the rows read exactly
 for the wave caches, whose centroids and value sums come on top) against the HBM copy
@@ -125,8 +128,16 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
     del logits
     if name != "full" or not SPLITS_SUPPORTED:  # an older PyTorch: its own choice only
         splits = (0,)
-    variants = {n: make_step(name, model, cache, n, compile_layers=compile_layers)
-                for n in splits}
+    # the first token after the prompt's: the step and what it does once (the tails'
+    # last segment indexed, the batch's stacked views built, compilation, graph capture)
+    t0 = time.perf_counter()
+    first = make_step(name, model, cache, splits[0], compile_layers=compile_layers)
+    nxt = first(nxt)
+    _sync(device)
+    first_step_s = time.perf_counter() - t0
+    variants = {splits[0]: first} | {
+        n: make_step(name, model, cache, n, compile_layers=compile_layers)
+        for n in splits[1:]}
     decode: dict[int, float] = {}
     filled: dict[int, int] = {}  # tokens a row holds when the timed steps start
     for n, step in variants.items():
@@ -141,7 +152,7 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
         decode[n] = time.perf_counter() - t0
     best = min(decode, key=decode.__getitem__)
     nxt, gpu_ms = profile_steps(variants[best], nxt, device, profile_to)
-    res = {"prefill_s": prefill_s, "decode_s": decode[best],
+    res = {"prefill_s": prefill_s, "first_step_s": first_step_s, "decode_s": decode[best],
            "tokens_per_s": ids.shape[0] * steps / decode[best],
            "step_ms": decode[best] / steps * 1e3, "mean_tokens": filled[best] + steps // 2}
     if name == "full":
@@ -169,7 +180,7 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
     profile_to = (args.out / "e2e_profiles" / f"e2e_profile_{name}_b{batch}.txt"
                   if args.profile else None)
     variants = len(args.full_splits) if name == "full" and SPLITS_SUPPORTED else 1
-    length = args.context + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
+    length = args.context + 1 + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
     cache = None
     try:
         cache = make_cache(name, model, batch, length, compile_layers=args.compile_layers)

@@ -131,11 +131,12 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
     assert set(by_splits) == {str(n) for n in splits}
     assert rows["full"]["step_ms"] == pytest.approx(min(by_splits.values()))
     assert by_splits[str(rows["full"]["num_splits"])] == pytest.approx(rows["full"]["step_ms"])
-    # KV bytes over the timed steps' mean length: 24 prompt + 4 warm-up + 2 / 2, after the
-    # 4 + 2 steps of each variant timed before
+    # KV bytes over the timed steps' mean length: 24 prompt + the first step (timed alone)
+    # + 4 warm-up + 2 / 2, after the 4 + 2 steps of each variant timed before
     turn = splits.index(rows["full"]["num_splits"])
-    assert rows["full"]["mean_tokens"] == 29 + 6 * turn
-    assert rows["wave"]["mean_tokens"] == rows["dynamic"]["mean_tokens"] == 29
+    assert rows["full"]["mean_tokens"] == 30 + 6 * turn
+    assert rows["wave"]["mean_tokens"] == rows["dynamic"]["mean_tokens"] == 30
+    assert all(r["first_step_s"] > 0 for r in rows.values())
     for name in rows:
         assert "decode steps" in (out / "e2e_profiles" / f"e2e_profile_{name}_b2.txt").read_text()
     assert "transformers' defaults" in (out / "e2e.md").read_text()
