@@ -66,9 +66,9 @@ class PrefixMirror:
     ----------
     max_bytes : int | None
         The most bytes of keys and values the mirror holds (capacity included); 0 holds
-        nothing. ``None``: the device's memory, each growth leaving free
-        :data:`HEADROOM` of what the device had available (:func:`available_bytes`) at
-        the prompt's first growth (after construction or :meth:`clear`).
+        nothing. ``None``: the devices' memory, each growth leaving free
+        :data:`HEADROOM` of what its device had available (:func:`available_bytes`) at
+        the prompt's first growth there (after construction or :meth:`clear`).
 
     Examples
     --------
@@ -91,7 +91,8 @@ class PrefixMirror:
         self.max_bytes = max_bytes
         self._entries: dict[tuple[Sequence, int], _Entry] = {}
         self._held = 0
-        self._keep_free: int | None = None  # bytes a growth leaves available (unbounded)
+        # per device, the bytes a growth leaves available there (unbounded)
+        self._keep_free: dict[torch.device, int] = {}
 
     @property
     def held_bytes(self) -> int:
@@ -148,7 +149,7 @@ class PrefixMirror:
         """Drop every entry (their memory is freed once no attention reads it)."""
         self._entries.clear()
         self._held = 0
-        self._keep_free = None
+        self._keep_free.clear()
 
     def _pop(self, key: tuple[Sequence, int]) -> _Entry | None:
         entry = self._entries.pop(key, None)
@@ -181,10 +182,9 @@ class PrefixMirror:
 
     def _room_bytes(self, device: torch.device) -> int:
         """Bytes a growth may take: within ``max_bytes``, or (unbounded) what ``device``
-        has available less the headroom decided at the prompt's first growth."""
+        has available less the headroom decided at the prompt's first growth there."""
         if self.max_bytes is not None:
             return self.max_bytes - self._held
         available = available_bytes(device)
-        if self._keep_free is None:
-            self._keep_free = int(HEADROOM * available)
-        return available - self._keep_free
+        keep = self._keep_free.setdefault(device, int(HEADROOM * available))
+        return available - keep

@@ -283,6 +283,19 @@ def test_unbounded_mirror_leaves_free_a_share_of_what_the_prompt_started_with(mo
         assert mirror.extend(other, 0, k[:, :31], v[:, :31]) is None  # 31 > 40 - 10
 
 
+def test_unbounded_mirror_decides_each_devices_headroom_on_that_device(monkeypatch):
+    # layers on two GPUs: each device's headroom is a quarter of what that device had
+    import attention.prefix_mirror as pm
+
+    available = {torch.device("cuda", 0): 800, torch.device("cuda", 1): 400}
+    monkeypatch.setattr(pm, "available_bytes", lambda device: available[device])
+    mirror = PrefixMirror(None)
+    assert mirror._room_bytes(torch.device("cuda", 0)) == 600
+    assert mirror._room_bytes(torch.device("cuda", 1)) == 300
+    available[torch.device("cuda", 0)] = 500  # the mirror took some: the headroom stays
+    assert mirror._room_bytes(torch.device("cuda", 0)) == 300
+
+
 def test_available_bytes_counts_what_torchs_allocator_holds_unused(monkeypatch):
     from attention.prefix_mirror import available_bytes
 
