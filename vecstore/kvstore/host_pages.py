@@ -6,8 +6,8 @@ cost address space only, so a mapping may be reserved larger than its rows and g
 :meth:`HostPages.pin` registers a further range as rows reach it, after faulting its pages
 in from several threads (:func:`fault_in`): ``cudaHostRegister`` of untouched pages faults
 and zeroes them one by one inside the call, the most of a pinned prefill's extra time
-(``benchmarks/host_pages.py``); :meth:`HostPages.pin_ahead` faults in and registers a range
-expected next on a background thread, while the GPU computes. Registrations last exactly
+(``benchmarks/host_pages.py``); :meth:`HostPages.fault_ahead` faults a range expected next
+in on a background thread, while the GPU computes. Registrations last exactly
 as long as some tensor views the mapping, and are undone before it is unmapped: a range
 unmapped while registered could be mapped again at the same addresses, which CUDA then
 refuses to register (``cudaErrorHostMemoryAlreadyRegistered``).
@@ -66,7 +66,7 @@ class HostPages:
         self.register = register
         self._pinned = pinned  # base addresses of the registered ranges
         self._finalizer = finalizer
-        self._ahead: list[Future[list[tuple[int, int]]]] = []  # jobs pinning ranges ahead
+        self._ahead: list[Future[bool]] = []  # jobs faulting ranges in in the background
 
     @classmethod
     def map(cls, num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
@@ -90,27 +90,22 @@ class HostPages:
         """Ranges registered now (none once the mapping is gone)."""
         return len(self._pinned)
 
-    def pin_ahead(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Fault in and register the ``(offset, num_bytes)`` ranges of the mapping (whole
-        pages, none registered) on a background thread, in order, so that the rows growing
-        into them find them pinned; :meth:`settle` waits for the job and says which were
-        registered (a range CUDA refuses, and those after it, are left to :meth:`pin`).
-        The job holds the mapping until it is done. Pages pinned ahead are committed and
-        page-locked host memory until the mapping goes."""
+    def fault_ahead(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fault the ``(offset, num_bytes)`` ranges of the mapping in on a background thread
+        (:func:`fault_in`; nothing is registered), so that a later :meth:`pin` of them only
+        registers. The job holds the mapping until it is done; :meth:`settle` waits for it.
+        Pages faulted in ahead are committed host memory until the mapping goes."""
         held = self._finalizer.peek()
-        ranges = [(offset, n) for offset, n in ranges if n > 0]
+        ranges = [(self.base + offset, n) for offset, n in ranges if n > 0]
         if held is None or not ranges:
             return
-        # the job's thread registers for the device the caller's thread has current
-        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        self._ahead.append(_ahead_pool().submit(_pin_held, held[0], self, ranges, device))
+        self._ahead = [job for job in self._ahead if not job.done()]
+        self._ahead.append(_ahead_pool().submit(_fault_held, held[0], ranges))
 
-    def settle(self) -> list[tuple[int, int]]:
-        """Wait for the jobs :meth:`pin_ahead` started; returns the ``(offset, num_bytes)``
-        ranges they registered (all they were given where the mapping is not registered
-        with CUDA), in the order given."""
-        jobs, self._ahead = self._ahead, []
-        return [r for job in jobs for r in job.result()]
+    def settle(self) -> None:
+        """Wait for the ranges :meth:`fault_ahead` asked for to be faulted in."""
+        while self._ahead:
+            self._ahead.pop().result()
 
     def pin(self, offset: int, num_bytes: int, *, fault: bool = True) -> None:
         """Register ``[offset, offset + num_bytes)`` of the mapping (whole pages, none
@@ -182,24 +177,13 @@ def _fault_pool() -> ThreadPoolExecutor:
 
 @functools.cache
 def _ahead_pool() -> ThreadPoolExecutor:
-    # one thread: jobs run in order, each spreading its faulting over the fault pool
+    # one thread: jobs run in order, each spreading its ranges over the fault pool
     return ThreadPoolExecutor(1, thread_name_prefix="vecstore-fault-ahead")
 
 
-def _pin_held(held: object, pages: HostPages, ranges: list[tuple[int, int]],
-              device: int | None) -> list[tuple[int, int]]:
+def _fault_held(held: object, ranges: list[tuple[int, int]]) -> bool:
     # ``held`` (the mapping's exported buffer) keeps the ranges mapped until they are done
-    fault_in([(pages.base + offset, n) for offset, n in ranges])
-    if device is not None:
-        torch.cuda.set_device(device)  # registered for the context the tier's rows use
-    done = []
-    for offset, n in ranges:
-        try:
-            pages.pin(offset, n, fault=False)
-        except CapacityError:
-            break
-        done.append((offset, n))
-    return done
+    return fault_in(ranges)
 
 
 def _unpin(pinned: list[int], mapping: mmap.mmap) -> None:

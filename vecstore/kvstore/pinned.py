@@ -51,17 +51,17 @@ class _Reserve:
 
     def pin_rows(self, num_rows: int) -> None:
         """Register every head's rows up to ``num_rows`` (whole pages), then, where they
-        grew (not on their first registration), pin the next growth of the same size ahead
-        on a background thread (:meth:`HostPages.pin_ahead`): rows grow by segments of one
-        size, and faulting and registering fresh pages is most of what growing costs."""
+        grew (not on their first registration), fault the next growth of the same size in on
+        a background thread: rows grow by segments of one size, and faulting is most of what
+        registering fresh pages costs (:meth:`HostPages.fault_ahead`)."""
         head_bytes = self.cap * self.row_bytes
-        for pages, done in zip(self.pages, self.pinned, strict=True):
-            for offset, n in pages.settle():  # each begins where its head's registration ended
-                done[offset // head_bytes] = offset % head_bytes + n
         target = min(page_multiple(num_rows * self.row_bytes), head_bytes)
         grow = [(pages, done, h) for pages, done in zip(self.pages, self.pinned, strict=True)
                 for h in range(self.head0, self.head0 + self.heads) if target > done[h]]
-        # every range's pages faulted in together, then each registered
+        for pages in self.pages:
+            pages.settle()
+        # every range's pages faulted in together (those faulted in ahead cost little), then
+        # each registered
         fault_in([(pages.base + h * head_bytes + done[h], target - done[h])
                   for pages, done, h in grow if pages.register])
         ahead = []
@@ -73,7 +73,7 @@ class _Reserve:
             done[h] = target
         for pages in self.pages:
             if pages.register:
-                pages.pin_ahead([(offset, n) for p, offset, n in ahead if p is pages])
+                pages.fault_ahead([(offset, n) for p, offset, n in ahead if p is pages])
 
     def part(self, b: int, parts: int) -> _Reserve:
         """The reserve of batch row ``b`` of ``parts`` (its ``heads // parts`` heads)."""

@@ -184,26 +184,25 @@ def ahead_pool():
     host_pages._ahead_pool.cache_clear()
 
 
-def test_pin_ahead_commits_the_pages_in_the_background(ahead_pool):
+def test_fault_ahead_commits_the_pages_in_the_background(ahead_pool):
     n = 256
     faults = _faults_writing(HostPages.map(n * mmap.PAGESIZE, register=False)[1])
     if faults < n // 2:
         pytest.skip("anonymous pages are faulted in huge here")
     pages, memory = HostPages.map(n * mmap.PAGESIZE, register=False)
     memory[: 2 * mmap.PAGESIZE] = 3
-    pages.pin_ahead([(mmap.PAGESIZE, 100 * mmap.PAGESIZE), (150 * mmap.PAGESIZE, 0)])
-    assert pages.settle() == [(mmap.PAGESIZE, 100 * mmap.PAGESIZE)]  # nothing to register
-    assert pages.settle() == []  # said once
+    pages.fault_ahead([(mmap.PAGESIZE, 100 * mmap.PAGESIZE), (150 * mmap.PAGESIZE, 0)])
+    pages.settle()
     assert int(memory[: 2 * mmap.PAGESIZE].sum()) == 3 * 2 * mmap.PAGESIZE  # kept
     # the 100 pages faulted in ahead do not fault when written; the rest do
     assert faults - 100 - n // 8 < _faults_writing(memory) < faults - 100 + n // 8
 
 
-def test_pin_ahead_keeps_the_mapping_until_it_is_done(ahead_pool):
+def test_fault_ahead_keeps_the_mapping_until_it_is_done(ahead_pool):
     gate = threading.Event()
     ahead_pool.submit(gate.wait)  # one thread: the faulting waits behind this
     pages, memory = HostPages.map(16 * mmap.PAGESIZE, register=False)
-    pages.pin_ahead([(0, 16 * mmap.PAGESIZE)])
+    pages.fault_ahead([(0, 16 * mmap.PAGESIZE)])
     del memory
     assert pages.alive  # only the queued job views it
     gate.set()
@@ -211,59 +210,37 @@ def test_pin_ahead_keeps_the_mapping_until_it_is_done(ahead_pool):
     assert not pages.alive
 
 
-def test_a_growth_pins_the_next_one_ahead_in_the_background(monkeypatch, ahead_pool):
-    # registration recorded, not made (no CUDA here): what the tier asks of its pages, and
-    # on which thread
+def test_a_growth_faults_the_next_one_in_ahead_and_registers_it_later(monkeypatch,
+                                                                     ahead_pool):
+    # registration recorded, not made (no CUDA here): what the tier asks of its pages
     pinned: list[tuple[int, int, int]] = []
     ahead: list[tuple[int, int, int]] = []
-    main = threading.get_ident()
+    fault_ahead = HostPages.fault_ahead
+    monkeypatch.setattr(HostPages, "pin", lambda pages, offset, n, *, fault=True:
+                        pinned.append((pages.base, offset, n)))
 
-    def pin(pages: HostPages, offset: int, n: int, *, fault: bool = True) -> None:
-        (pinned if threading.get_ident() == main else ahead).append((pages.base, offset, n))
+    def record(pages: HostPages, ranges: list[tuple[int, int]]) -> None:
+        ahead.extend((pages.base, o, n) for o, n in ranges)
+        fault_ahead(pages, ranges)
 
-    monkeypatch.setattr(HostPages, "pin", pin)
+    monkeypatch.setattr(HostPages, "fault_ahead", record)
     tier = PinnedKVStore()
     tier.is_pinned = True
     row = 4 * mmap.PAGESIZE  # a row of 16 KiB: a growth of r rows is 4 r pages a head
     rows = growable_rows(tier, (1, 2, 3, row // 4), torch.float32)
     rows.keys.fill_(1.0)
-    ahead_pool.submit(lambda: None).result()  # one thread: every job before it is done
     assert ahead == [] and len(pinned) == 4  # a first registration: no growth to repeat
     head = 16 * 3 * row  # the reserve: 16 times the rows
     keys = rows.keys.data_ptr()
-    rows = tier.extend(rows, 5)  # grew by 2 rows: the next 2 pinned ahead
-    ahead_pool.submit(lambda: None).result()
-    assert sorted(a[1:] for a in ahead if a[0] == keys) == [(5 * row, 2 * row),
-                                                          (head + 5 * row, 2 * row)]
-    rows = tier.extend(rows, 47)  # 40 rows more than were pinned: 1 is left in the reserve
-    ahead_pool.submit(lambda: None).result()
-    assert sorted(a[1:] for a in ahead if a[0] == keys) == [
-        (5 * row, 2 * row), (47 * row, row), (head + 5 * row, 2 * row), (head + 47 * row, row)]
+    rows = tier.extend(rows, 5)  # grew by 2 rows: the next 2 faulted in ahead
+    assert sorted(a for a in ahead if a[0] == keys) == [(keys, 5 * row, 2 * row),
+                                                        (keys, head + 5 * row, 2 * row)]
+    ahead.clear()
+    rows = tier.extend(rows, 47)  # 42 rows more: only 1 row is left in the reserve
+    assert sorted(a for a in ahead if a[0] == keys) == [(keys, 47 * row, row),
+                                                        (keys, head + 47 * row, row)]
     assert sorted(p[1:] for p in pinned if p[0] == keys) == [
-        (0, 3 * row), (3 * row, 2 * row), (7 * row, 40 * row), (head, 3 * row),
-        (head + 3 * row, 2 * row), (head + 7 * row, 40 * row)]
-    rows = tier.extend(rows, 48)  # what was pinned ahead is not pinned again
-    assert [p for p in pinned if p[0] == keys and p[1] in (47 * row, head + 47 * row)] == []
+        (0, 3 * row), (3 * row, 2 * row), (5 * row, 42 * row), (head, 3 * row),
+        (head + 3 * row, 2 * row), (head + 5 * row, 42 * row)]
     assert float(rows.keys[:, :, :3].sum()) == 2 * 3 * row // 4  # kept through it all
     tier.free(rows)
-
-
-def test_a_range_cuda_refuses_ahead_is_pinned_when_rows_reach_it(monkeypatch, ahead_pool):
-    pinned: list[tuple[int, int, int]] = []
-    main = threading.get_ident()
-
-    def pin(pages: HostPages, offset: int, n: int, *, fault: bool = True) -> None:
-        if threading.get_ident() != main:
-            raise CapacityError("kvstore.pinned_budget_gb: could not pin (test)")
-        pinned.append((pages.base, offset, n))
-
-    monkeypatch.setattr(HostPages, "pin", pin)
-    tier = PinnedKVStore()
-    tier.is_pinned = True
-    row = 4 * mmap.PAGESIZE
-    rows = growable_rows(tier, (1, 1, 3, row // 4), torch.float32)
-    rows = tier.extend(rows, 5)  # the next 2 rows asked for ahead, refused there
-    rows = tier.extend(rows, 6)
-    keys = rows.keys.data_ptr()
-    assert sorted(p[1:] for p in pinned if p[0] == keys) == [(0, 3 * row), (3 * row, 2 * row),
-                                                            (5 * row, row)]
