@@ -45,7 +45,6 @@ def test_gpu_copy_across_writes_and_reads_rows_spanning_registrations():
     assert torch.equal(back, src)
 
 
-@pytest.mark.gpu
 def _count_waits(monkeypatch: pytest.MonkeyPatch) -> list[torch.cuda.Stream]:
     waits: list[torch.cuda.Stream] = []
     synchronize = torch.cuda.Stream.synchronize
