@@ -43,7 +43,7 @@ from attention.prefix import Blocks, groups_on_device
 from attention.prefix_mirror import PrefixMirror
 from attention.varlen import varlen_attention
 from vecstore import Sequence, Store
-from vecstore.checks import check_all_finite
+from vecstore.checks import FiniteCheck
 
 __all__ = ["prefill"]
 
@@ -107,12 +107,13 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
     >>> torch.allclose(torch.cat([first, rest], dim=2), whole, atol=1e-6)
     True
     """
-    # every row's tokens checked at once (a bad row stores nothing in any row), before the
-    # attention is launched: a check at the append would wait for the attention, and the
-    # index build's launches would no longer overlap it
+    # every row's tokens checked at once (a bad row stores nothing in any row): the scan is
+    # queued before the attention and read after its launch, before anything is stored. The
+    # host waits for the scan alone, so the device runs the attention meanwhile, and the
+    # host's work up to the launch overlaps the device's earlier work
     pad = None if valid is None else ~valid[:, None, :, None]
-    check_all_finite(keys=k if pad is None else k.masked_fill(pad, 0),
-                     values=v if pad is None else v.masked_fill(pad, 0))
+    check = FiniteCheck(keys=k if pad is None else k.masked_fill(pad, 0),
+                        values=v if pad is None else v.masked_fill(pad, 0))
     keep = _valid_tokens(valid, q.shape[0], q.shape[2])
     mirrored: list[_Block] = ([None] * len(seqs) if mirror is None
                               else _mirrored(store, seqs, layer, k, v, keep, mirror))
@@ -122,6 +123,7 @@ def prefill(store: Store, seqs: list[Sequence], layer: int, q: torch.Tensor, k: 
         group_bytes = int(store.config.attention.prefill_group_gb * 2**30)
         out = _attend_rows(seqs, layer, q, k, v, scale, valid, keep, mirrored, softcap,
                            group_bytes)
+    check.wait()
     ingest(store, seqs, layer, k, v, valid, finite=False, whole_segments=True)
     return out
 

@@ -44,7 +44,11 @@ each cache ran with its ratio to ``full``'s largest; ``wave-pinned`` rows also g
 ``hit_rate``, the share of retrieved clusters its GPU block caches held over every decode
 step (:meth:`~vecstore.executor.wave_exec.WaveExecutor.buffer_stats`). ``--profile`` also
 writes, per cache and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` under
-``--out``.
+``--out``. ``--profile-prefill`` (CUDA) runs each prefill under the profiler and reports
+``prefill_gpu_s``, the seconds the GPU was busy in it, with its busiest kernels in
+``e2e_profiles/e2e_profile_<cache>_b<batch>_prefill.txt``: a prefill whose unprofiled time
+(another run's ``prefill_s``; the profiler slows a pinned prefill about threefold) is well
+above it is the GPU waiting for the host.
 ``--compile-layers`` runs the decode steps of ``full`` and the wave caches alike with the
 model's decoder layers compiled around their attention
 (:class:`integrations.hf.layer_compile.CompiledLayers`).
@@ -55,6 +59,7 @@ Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
                              [--full-splits 0 2 4 8] [--compile-layers] [--profile]
+                             [--profile-prefill]
                              [--out DIR]
                              [--model tiny --device cpu]   (a CPU run, as the tests do)
 """
@@ -79,7 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, Timer, ceilings, machine  # noqa: E402
 from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
-from benchmarks.e2e_profile import PROFILE_STEPS, profile_steps  # noqa: E402
+from benchmarks.e2e_profile import PROFILE_STEPS, profile_prefill, profile_steps  # noqa: E402
 from benchmarks.e2e_report import CACHES, kv_read_gb, largest, with_ratios, write  # noqa: E402
 from benchmarks.flash_varlen import SPLITS_SUPPORTED  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
@@ -114,15 +119,17 @@ def _sync(device: torch.device) -> None:
 @torch.inference_mode()
 def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
         profile_to: Path | None = None, splits: tuple[int, ...] = (0,), *,
-        compile_layers: bool = False) -> dict:
+        compile_layers: bool = False, prefill_profile_to: Path | None = None) -> dict:
     """Prefill ``ids`` through ``cache``, then time ``steps`` decode steps (``full``: of each
     number of flash-decoding ``splits`` in turn, keeping the fastest); the GPU's busy time
-    per step from :data:`PROFILE_STEPS` more (written out with ``profile_to``)."""
+    per step from :data:`PROFILE_STEPS` more (written out with ``profile_to``); with
+    ``prefill_profile_to``, the prefill's device time too (:func:`profile_prefill`)."""
     device = ids.device
     _sync(device)
     t0 = time.perf_counter()
-    logits = prefill(model, cache, ids, chunk)
-    _sync(device)
+    with profile_prefill(device, prefill_profile_to) as prefill_busy:
+        logits = prefill(model, cache, ids, chunk)
+        _sync(device)
     prefill_s = time.perf_counter() - t0
     nxt = logits.argmax(-1)
     del logits
@@ -160,6 +167,8 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
         res["step_ms_by_splits"] = {n: t / steps * 1e3 for n, t in decode.items()}
     if gpu_ms is not None:
         res["gpu_ms"] = gpu_ms
+    if prefill_busy:
+        res["prefill_gpu_s"] = prefill_busy[0]
     if device.type == "cuda":
         res["peak_gpu_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     return res
@@ -177,15 +186,16 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    profile_to = (args.out / "e2e_profiles" / f"e2e_profile_{name}_b{batch}.txt"
-                  if args.profile else None)
+    profile_to = args.out / "e2e_profiles" / f"e2e_profile_{name}_b{batch}.txt"
     variants = len(args.full_splits) if name == "full" and SPLITS_SUPPORTED else 1
     length = args.context + 1 + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
     cache = None
     try:
         cache = make_cache(name, model, batch, length, compile_layers=args.compile_layers)
-        res = run(name, model, cache, ids, args.steps, row["prefill_chunk"], profile_to,
-                  tuple(args.full_splits), compile_layers=args.compile_layers)
+        res = run(name, model, cache, ids, args.steps, row["prefill_chunk"],
+                  profile_to if args.profile else None, tuple(args.full_splits),
+                  compile_layers=args.compile_layers,
+                  prefill_profile_to=profile_to if args.profile_prefill else None)
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
         if name == "wave-pinned":  # the block caches' share of retrieved clusters, all steps
@@ -234,6 +244,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "WaveCache(compile_layers=True))")
     parser.add_argument("--profile", action="store_true",
                         help="also write a profile of a few decode steps of each cache and batch")
+    parser.add_argument("--profile-prefill", action="store_true",
+                        help="CUDA: run each prefill under the profiler and report the time the "
+                             "GPU was busy in it (prefill_gpu_s; the prefill itself is slowed)")
     parser.add_argument("--model", choices=sorted(MODELS), default="llama-3-8b",
                         help="model shape (tiny: for runs on the CPU)")
     parser.add_argument("--device", default="cuda")

@@ -10,18 +10,19 @@ run of the same steps under ``cProfile``, the Python functions that spent the ho
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import json
 import pstats
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-__all__ = ["busy_ms", "profile_steps", "PROFILE_STEPS"]
+__all__ = ["busy_ms", "profile_prefill", "profile_steps", "PROFILE_STEPS"]
 
 PROFILE_STEPS = 8
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -45,6 +46,30 @@ def busy_ms(trace_events: list[dict]) -> float:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def profile_prefill(device: torch.device, path: Path | None) -> Iterator[list[float]]:
+    """With ``path`` on a CUDA device, profile the device's work inside the block: the list
+    yielded then holds the seconds the device was busy (:func:`busy_ms`), and the busiest
+    kernels go to ``path`` with ``_prefill`` before its suffix. Otherwise it stays empty
+    and nothing is profiled. The block should end with the device synchronised."""
+    busy: list[float] = []
+    if path is None or device.type != "cuda":
+        yield busy
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield busy
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        busy.append(busy_ms(json.loads(trace.read_text())["traceEvents"]) / 1e3)
+    out = path.with_name(f"{path.stem}_prefill{path.suffix}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"prefill: device busy {busy[0]:.2f} s\n\n" + prof.key_averages().table(
+        sort_by="self_cuda_time_total", row_limit=40))
 
 
 def profile_steps(step: Callable[[torch.Tensor], torch.Tensor], nxt: torch.Tensor,

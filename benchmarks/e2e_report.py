@@ -30,7 +30,7 @@ LABELS = {
 }
 COLUMNS = ["batch", "context", "layers", "cache", "tokens_per_s", "vs_full", "step_ms",
            "gpu_ms", "wall_over_gpu", "kv_read_gbs", "prefill_s", "prefill_vs_full",
-           "first_step_s",
+           "prefill_gpu_s", "first_step_s",
            "peak_gpu_gb", "exact_fraction", "hit_rate", "num_splits", "prefill_chunk",
            "error"]
 

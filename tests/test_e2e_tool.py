@@ -7,9 +7,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from benchmarks.e2e import main, parse_args
-from benchmarks.e2e_profile import busy_ms
+from benchmarks.e2e_profile import busy_ms, profile_prefill
 from benchmarks.e2e_report import kv_read_gb, largest, with_ratios
 from benchmarks.flash_varlen import SPLITS_SUPPORTED
 
@@ -88,11 +89,24 @@ def test_device_busy_time_is_the_union_of_device_intervals():
     assert busy_ms([]) == 0.0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_prefill_profile_counts_the_device_busy_time(tmp_path):
+    path = tmp_path / "profiles" / "e2e_profile_wave_b2.txt"
+    x = torch.randn(4096, 4096, device="cuda")
+    with profile_prefill(torch.device("cuda"), path) as busy:
+        for _ in range(20):
+            x = x @ x.T / 64
+        torch.cuda.synchronize()
+    assert busy and busy[0] > 0
+    assert "prefill: device busy" in path.with_name("e2e_profile_wave_b2_prefill.txt").read_text()
+
+
 def test_arguments():
     args = parse_args([])
     assert args.caches == ["full", "wave", "wave-pinned", "dynamic"]
     assert (args.layers, args.context, args.batches) == (4, 131072, [1, 8])
-    assert args.full_splits == [0, 2, 4, 8]
+    assert args.full_splits == [0, 2, 4, 8] and not args.profile_prefill
     args = parse_args(["--layers", "32", "--batches", "1", "2", "3", "4", "--caches", "full",
                        "wave", "wave-pinned", "--steps", "64"])
     assert args.layers == 32 and args.batches == [1, 2, 3, 4] and args.steps == 64
@@ -117,7 +131,7 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
     out = tmp_path / "not" / "yet"  # --profile used to write here before creating it
     main(["--device", "cpu", "--model", "tiny", "--layers", "2", "--context", "24",
           "--batches", "2", "--steps", "2", "--caches", "full", "wave", "dynamic",
-          "--full-splits", "0", "4", "--profile", "--out", str(out)])
+          "--full-splits", "0", "4", "--profile", "--profile-prefill", "--out", str(out)])
     result = json.loads((out / "e2e.json").read_text())
     rows = {r["cache"]: r for r in result["rows"]}
     assert set(rows) == {"full", "wave", "dynamic"} and not any("error" in r for r in
@@ -139,6 +153,9 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
     assert all(r["first_step_s"] > 0 for r in rows.values())
     for name in rows:
         assert "decode steps" in (out / "e2e_profiles" / f"e2e_profile_{name}_b2.txt").read_text()
+        # the prefill's device time is a CUDA profile's: none on the CPU
+        assert "prefill_gpu_s" not in rows[name]
+        assert not (out / "e2e_profiles" / f"e2e_profile_{name}_b2_prefill.txt").exists()
     assert "transformers' defaults" in (out / "e2e.md").read_text()
     assert (out / "e2e.png").exists()
 

@@ -10,9 +10,9 @@ import torch
 
 from vecstore.errors import BackendUnavailableError, InvalidValueError, ShapeError
 
-__all__ = ["check_tensor", "check_finite", "check_all_finite", "check_index", "check_name",
-           "check_positive_int", "check_softcap", "check_device", "parse_device", "parse_dtype",
-           "SUPPORTED_DTYPES", "MAX_DIMENSION"]
+__all__ = ["check_tensor", "check_finite", "check_all_finite", "FiniteCheck", "check_index",
+           "check_name", "check_positive_int", "check_softcap", "check_device", "parse_device",
+           "parse_dtype", "SUPPORTED_DTYPES", "MAX_DIMENSION"]
 
 SUPPORTED_DTYPES = {
     "float32": torch.float32,
@@ -84,13 +84,49 @@ def check_finite(x: torch.Tensor, name: str) -> None:
 def check_all_finite(**tensors: torch.Tensor) -> None:
     """:func:`check_finite` of several tensors with one host sync for all of them (they
     must share a device); raises naming the first, in argument order, that is not."""
-    items = list(tensors.items())
-    for name, t in items:
-        _check_has_data(t, name)
-    ok = torch.stack([torch.isfinite(t).all() for _, t in items]).tolist()
-    for (name, t), good in zip(items, ok, strict=True):
-        if not good:
-            check_finite(t, name)
+    FiniteCheck(**tensors).wait()
+
+
+class FiniteCheck:
+    """:func:`check_all_finite` started now and read later: the scan is queued on the
+    tensors' device at construction, and :meth:`wait` waits for that scan alone (on CUDA,
+    an event after it, not the device's later work) and raises as :func:`check_all_finite`
+    does. Work queued between the two (an attention) keeps the device busy while the host
+    waits. A tensor on the ``meta`` device raises :class:`ShapeError` at once.
+
+    Examples
+    --------
+    >>> check = FiniteCheck(keys=torch.ones(2), values=torch.tensor([1.0, float("nan")]))
+    >>> check.wait()
+    Traceback (most recent call last):
+    ...
+    vecstore.errors.InvalidValueError: values: contains 1 NaN/Inf value(s)
+    """
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        self._items = list(tensors.items())
+        for name, t in self._items:
+            _check_has_data(t, name)
+        flags = torch.stack([torch.isfinite(t).all() for _, t in self._items])
+        self._event: torch.cuda.Event | None = None
+        if flags.is_cuda:
+            # copied into page-locked memory behind the scan: the host reads it after the
+            # event, without waiting for the rest of the stream
+            self._flags = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self._flags.copy_(flags, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(flags.device))
+        else:
+            self._flags = flags
+
+    def wait(self) -> None:
+        """Raise :class:`InvalidValueError` naming the first tensor, in argument order,
+        that holds a NaN or Inf; return if none does."""
+        if self._event is not None:
+            self._event.synchronize()
+        for (name, t), good in zip(self._items, self._flags.tolist(), strict=True):
+            if not good:
+                check_finite(t, name)
 
 
 def check_index(value: object, name: str, upper: int) -> int:

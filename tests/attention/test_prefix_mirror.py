@@ -152,6 +152,32 @@ def test_a_failed_ingestion_never_leaves_a_stale_mirror(monkeypatch, reads):
                        ) < 1e-5
 
 
+def test_a_chunk_holding_nan_is_refused_after_the_mirror_took_it(reads):
+    from vecstore.errors import InvalidValueError
+
+    # the scan is read after the attention (and the mirror's growth): the store stays as it
+    # was, and the retry rebuilds the stale entries
+    q, k, v = _qkv(2, 160, (4, 2), seed=8)
+    bad = v.clone()
+    bad[1, 0, 70, 2] = float("inf")
+    outs = []
+    with Store.open(config=_config(1.0)) as store:
+        seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=2, head_dim=8,
+                             dtype=torch.float32) for b in range(2)]
+        attn = StoreAttention(store, seqs)
+        for a, b in [(0, 50), (50, 100), (100, 160)]:
+            if a == 50:
+                with pytest.raises(InvalidValueError, match="values: contains 1 NaN/Inf"):
+                    attn(0, q[:, :, a:b], k[:, :, a:b], bad[:, :, a:b])
+                assert [s.num_tokens for s in seqs] == [50, 50] and reads == []
+            outs.append(attn(0, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]))
+    assert reads == ["s0", "s1"]
+    out = torch.cat(outs, dim=2)
+    for b in range(2):
+        assert rel_err(out[b], _reference(q[b], k[b], v[b], torch.ones(160, dtype=torch.bool))
+                       ) < 1e-5
+
+
 def test_the_first_decode_step_frees_the_mirror():
     q, k, v = _qkv(2, 130, (4, 2), seed=6)
     with Store.open(config=_config(1.0)) as store:
