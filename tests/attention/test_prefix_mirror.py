@@ -122,9 +122,16 @@ def test_tokens_appended_between_chunks_rebuild_the_mirror(reads):
     assert rel_err(out[0], torch.cat([want[:, :100], want[:, 120:]], dim=1)) < 1e-5
 
 
-def test_a_failed_ingestion_never_leaves_a_stale_mirror(monkeypatch, reads):
+@pytest.mark.parametrize("failure", ["ingestion", "nan"])
+def test_a_failed_chunk_never_leaves_a_stale_mirror(monkeypatch, reads, failure):
+    # the mirror takes the chunk before it is stored: an ingestion that fails, or a NaN/Inf
+    # found after the attention's launch, leaves the store as it was and the retry rebuilds
+    # both rows' entries, once
+    from vecstore.errors import InvalidValueError
+
     q, k, v = _qkv(2, 160, (4, 2), seed=5)
-    ingest, calls = prefill_module.ingest, []
+    bad, ingest, calls = v.clone(), prefill_module.ingest, []
+    bad[1, 0, 70, 2] = float("inf")
 
     def flaky(*args, **kwargs):
         calls.append(True)
@@ -132,34 +139,10 @@ def test_a_failed_ingestion_never_leaves_a_stale_mirror(monkeypatch, reads):
             raise RuntimeError("ingestion failed")
         return ingest(*args, **kwargs)
 
-    monkeypatch.setattr(prefill_module, "ingest", flaky)
-    outs = []
-    with Store.open(config=_config(1.0)) as store:
-        seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=2, head_dim=8,
-                             dtype=torch.float32) for b in range(2)]
-        attn = StoreAttention(store, seqs)
-        for a, b in [(0, 50), (50, 100), (100, 160)]:
-            chunk = (0, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
-            if a == 50:
-                with pytest.raises(RuntimeError, match="ingestion failed"):
-                    attn(*chunk)  # the mirror took the chunk, the store did not
-                assert reads == []
-            outs.append(attn(*chunk))
-    assert reads == ["s0", "s1"]  # the retry rebuilt both rows' entries, once
-    out = torch.cat(outs, dim=2)
-    for b in range(2):
-        assert rel_err(out[b], _reference(q[b], k[b], v[b], torch.ones(160, dtype=torch.bool))
-                       ) < 1e-5
-
-
-def test_a_chunk_holding_nan_is_refused_after_the_mirror_took_it(reads):
-    from vecstore.errors import InvalidValueError
-
-    # the scan is read after the attention (and the mirror's growth): the store stays as it
-    # was, and the retry rebuilds the stale entries
-    q, k, v = _qkv(2, 160, (4, 2), seed=8)
-    bad = v.clone()
-    bad[1, 0, 70, 2] = float("inf")
+    if failure == "ingestion":
+        monkeypatch.setattr(prefill_module, "ingest", flaky)
+    error = (RuntimeError, "ingestion failed") if failure == "ingestion" else (
+        InvalidValueError, "values: contains 1 NaN/Inf")
     outs = []
     with Store.open(config=_config(1.0)) as store:
         seqs = [store.create(f"s{b}", num_layers=1, num_kv_heads=2, head_dim=8,
@@ -167,8 +150,8 @@ def test_a_chunk_holding_nan_is_refused_after_the_mirror_took_it(reads):
         attn = StoreAttention(store, seqs)
         for a, b in [(0, 50), (50, 100), (100, 160)]:
             if a == 50:
-                with pytest.raises(InvalidValueError, match="values: contains 1 NaN/Inf"):
-                    attn(0, q[:, :, a:b], k[:, :, a:b], bad[:, :, a:b])
+                with pytest.raises(error[0], match=error[1]):
+                    attn(0, q[:, :, a:b], k[:, :, a:b], (bad if failure == "nan" else v)[:, :, a:b])
                 assert [s.num_tokens for s in seqs] == [50, 50] and reads == []
             outs.append(attn(0, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]))
     assert reads == ["s0", "s1"]

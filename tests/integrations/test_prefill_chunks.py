@@ -3,6 +3,8 @@ one-pass prefill: through the wave cache at a full budget, and through DynamicCa
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -11,6 +13,8 @@ from benchmarks.e2e import chunk_length, prefill
 from integrations.hf import WaveCache
 from integrations.hf.cache import cache_kwarg
 from tests.integrations.hf_models import EXACT, tiny_model
+
+batch_module = importlib.import_module("vecstore.engine.batch")
 
 
 def _decode_logits(model, cache, ids, chunk, steps=4):
@@ -44,3 +48,28 @@ def test_chunk_length():
     assert chunk_length(8, 16384, 131072) == 2048
     assert chunk_length(64, 16, 1000) == 1
     assert chunk_length(4, 0, 1000) == 1000
+
+
+def test_a_pinned_batch_prefilled_in_chunks_decodes_from_its_own_rows(monkeypatch):
+    # the rows placed by the prompt's chunks are the batch's stack: no decode step copies
+    # them into another (they were copied whole at the first step before)
+    model = tiny_model("llama", 4, 2)
+    ids = torch.randint(3, 96, (2, 150), generator=torch.Generator().manual_seed(1))
+    want = _decode_logits(model, WaveCache(EXACT, model), ids, 64)
+    stacks: list[tuple[int, ...]] = []
+    growable = batch_module.growable_rows
+
+    def spy(tier, shape, *args, **kwargs):
+        stacks.append(tuple(shape))
+        return growable(tier, shape, *args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "growable_rows", spy)
+    cache = WaveCache({**EXACT, "kvstore": {"kind": "pinned"}}, model)
+    got = _decode_logits(model, cache, ids, 64)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert stacks == []
+    seqs = cache.sequences
+    for layer in range(2):
+        keys = [s.layers[layer].rows.keys for s in seqs]
+        assert keys[1].data_ptr() > keys[0].data_ptr()
+        assert keys[0].untyped_storage().data_ptr() == keys[1].untyped_storage().data_ptr()

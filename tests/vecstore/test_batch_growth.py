@@ -54,11 +54,19 @@ def _q(B: int, seed: int) -> torch.Tensor:
     return torch.randn(B, 2 * H, 1, D, generator=torch.Generator().manual_seed(seed))
 
 
-def _filled(B: int, n: int = 200, config: dict = CFG) -> tuple[Store, list]:
+def _filled(B: int, n: int = 200, config: dict = CFG, *,
+            apart: bool = False) -> tuple[Store, list]:
+    """``B`` sequences of ``n`` tokens, appended as a batch (its rows placed as one stack
+    where the tier shares rows) or, ``apart``, one by one (each in rows of its own)."""
     store = Store.open(config=config)
     seqs = [store.create(f"s{i}", num_layers=1, num_kv_heads=H, head_dim=D,
                          dtype=torch.float32) for i in range(B)]
-    store.append_batch(seqs, 0, *_kv(B, n, 0))
+    k, v = _kv(B, n, 0)
+    if apart:
+        for b, seq in enumerate(seqs):
+            seq.append(0, k[b], v[b])
+    else:
+        store.append_batch(seqs, 0, k, v)
     return store, seqs
 
 
@@ -230,14 +238,15 @@ def test_rows_of_other_lengths_are_padded_and_rebuilt_not_grown():
 
 
 def test_a_stack_over_the_pinned_budget_raises_naming_it_and_changes_nothing():
-    probe, seqs = _filled(3)
+    # rows appended one by one are not one stack: the batch's first query copies them
+    probe, seqs = _filled(3, apart=True)
     rows, _ = _layer_bytes(seqs)
     probe.query(seqs, 0, _q(3, 5))
     stack_rows, _ = _stack_bytes(_stacked(probe))
     probe.close()
     tight = {**CFG, "kvstore": {"kind": "pinned",
                                 "pinned_budget_gb": (rows + stack_rows - 1) / 2**30}}
-    store, seqs = _filled(3, config=tight)
+    store, seqs = _filled(3, config=tight, apart=True)
     before = store.memory()
     with pytest.raises(CapacityError, match=f"{PINNED}: a stacked view of 3 sequences "
                                             rf"\(rows\) needs {stack_rows} more bytes"):

@@ -13,6 +13,9 @@ import torch
 
 from tests.reference import rel_err
 from tests.vecstore.test_batch_growth import (
+    CFG as PINNED_CFG,
+)
+from tests.vecstore.test_batch_growth import (
     GPU,
     MEMORY,
     PINNED,
@@ -26,6 +29,7 @@ from tests.vecstore.test_batch_growth import (
     _stacked,
 )
 from vecstore import Store
+from vecstore.errors import CapacityError
 from vecstore.kvstore.host_pages import HostPages
 
 
@@ -81,7 +85,7 @@ def test_growth_of_a_shared_stack_maps_nothing_and_registers_no_range_twice(monk
 def test_shared_rows_that_outgrow_the_reserve_move_out_and_the_stack_is_rebuilt(
         monkeypatch):
     monkeypatch.setattr("vecstore.kvstore.pinned._RESERVE", 1)  # room for a page more
-    store, seqs = _filled(3)
+    store, seqs = _filled(3, apart=True)  # the first query stacks (and shares) them
     ref, ref_seqs = _filled(3, config=MEMORY)
     store.query(seqs, 0, _q(3, 0))
     ptrs = {_stacked(store).keys.data_ptr()}
@@ -116,3 +120,60 @@ def test_rollback_drop_and_close_of_a_shared_batch_keep_answers_and_charges_exac
     store.close()
     ref.close()
     assert store.placement.usage()[PINNED][0] == store.placement.usage()[GPU][0] == 0
+
+
+def test_a_batch_placed_together_is_its_stack_so_its_first_query_copies_nothing(monkeypatch):
+    maps: list[int] = []
+    map_ = HostPages.map
+
+    def record_map(num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
+        maps.append(num_bytes)
+        return map_(num_bytes, register=register)
+
+    monkeypatch.setattr(HostPages, "map", staticmethod(record_map))
+    probe, probe_seqs = _filled(3)
+    rows = _layer_bytes(probe_seqs)[0]
+    probe.close()
+    maps.clear()
+    # no room for a second copy of the rows: the batch's own rows are its stack
+    store, seqs = _filled(3, config={**PINNED_CFG, "kvstore": {
+        "kind": "pinned", "pinned_budget_gb": rows / 2**30}})
+    ref, ref_seqs = _filled(3, config=MEMORY)
+    assert len(maps) == 2  # one stack's keys and values for the three sequences
+    step = seqs[1].layers[0].rows.keys.data_ptr() - seqs[0].layers[0].rows.keys.data_ptr()
+    assert step > 0 and all(  # batch rows of one stack, evenly spaced
+        s.layers[0].rows.keys.data_ptr() == seqs[0].layers[0].rows.keys.data_ptr() + b * step
+        for b, s in enumerate(seqs))
+    q = _q(3, 0)
+    assert rel_err(store.query(seqs, 0, q).out, _one_by_one(ref, ref_seqs, q)) < 1e-5
+    view = _stacked(store)
+    assert len(maps) == 2 and store.memory()[PINNED][0] == rows  # nothing copied
+    assert all(view.keys[b].data_ptr() == s.layers[0].rows.keys.data_ptr()
+               and view.values[b].data_ptr() == s.layers[0].rows.values.data_ptr()
+               for b, s in enumerate(seqs))
+    _assert_same(view, _fresh(seqs))
+    store.close()
+    ref.close()
+    assert store.placement.usage()[PINNED][0] == 0
+
+
+def test_a_first_placement_that_fails_returns_the_whole_stack():
+    probe, seqs = _filled(3)
+    rows, meta = _layer_bytes(seqs)  # of the three layers
+    meta //= 3  # one layer's index metadata
+    probe.close()
+    # the second layer's metadata does not fit: the first layer took its batch row
+    config = {**PINNED_CFG, "kvstore": {"kind": "pinned",
+                                        "gpu_budget_gb": (2 * meta - 1) / 2**30}}
+    store = Store.open(config=config)
+    seqs = [store.create(f"s{i}", num_layers=1, num_kv_heads=2, head_dim=8,
+                         dtype=torch.float32) for i in range(3)]
+    with pytest.raises(CapacityError, match=GPU):
+        store.append_batch(seqs, 0, *_kv(3, 200, 0))
+    assert [s.num_tokens for s in seqs] == [0, 0, 0]
+    # the rows no layer took are returned at once; the first layer's, rolled back, when
+    # it is next placed (as any rolled-back layer's)
+    assert store.memory()[PINNED][0] == rows // 3 and store.memory()[GPU][0] == meta
+    assert all(s.layers[0].view() is None for s in seqs)
+    assert store.memory()[PINNED][0] == store.memory()[GPU][0] == 0
+    store.close()

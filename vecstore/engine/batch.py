@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vecstore.engine.batch_share import grown_rows, share
+from vecstore.engine.batch_share import grown_rows, share, stacked_rows
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.sequence import Sequence
 from vecstore.errors import CapacityError
@@ -171,8 +171,13 @@ class BatchViews:
         B, H, D = len(views), v0.keys.shape[1], v0.keys.shape[3]
         n = max(v.keys.shape[2] for v in views)
         what = f"a stacked view of {B} sequences"
-        rows = growable_rows(tier, (B, H, n, D), v0.keys.dtype, f"{what} (rows)")
         meta = _meta_bytes(views)
+        held = stacked_rows(states, n)
+        if held is not None:  # the layers' rows are one stack already: viewed, not copied
+            account.charge(meta, f"{what} (index metadata)")
+            return _Stacked(key, IndexView.stack(views, held), None, tier, (account, meta),
+                            _lineages(states))
+        rows = growable_rows(tier, (B, H, n, D), v0.keys.dtype, f"{what} (rows)")
         try:
             account.charge(meta, f"{what} (index metadata)")
         except BaseException:

@@ -5,7 +5,8 @@ each row's segment on its own launches the index build's small kernels once per 
 (k-means iterations over ``Hkv`` problems each), building them together once for all
 ``B x Hkv`` problems. Every index builds each head on its own
 (:meth:`~vecstore.index.base.Index.build`), so the rows' segments are the stacked build's,
-sliced back by head.
+sliced back by head. Their first placement is made together too: one stack of the tier, a
+batch row each (:func:`stacked_first_rows`), which the batch's queries then read as it is.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import torch
 from vecstore.engine.layer_staging import StagedAppend
 from vecstore.engine.layer_state import LayerState
 from vecstore.index.base import Segment
+from vecstore.kvstore.base import StoredRows, growable_rows
 from vecstore.kvstore.row_transfer import host_writes_together
 
-__all__ = ["build_together", "commit_together"]
+__all__ = ["build_together", "commit_together", "stacked_first_rows"]
 
 
 def build_together(states: list[LayerState], staged: list[StagedAppend]) -> list[list[Segment]]:
@@ -67,13 +69,66 @@ def commit_together(states: list[LayerState], staged: list[StagedAppend]) -> Non
     """Build the staged appends' segments together (:func:`build_together`), then commit
     each to its layer, in order, their rows in host memory on return; a placement that
     does not fit raises :class:`~vecstore.errors.CapacityError` with the layers before it
-    committed (the store's transaction rolls them back)."""
+    committed (the store's transaction rolls them back).
+
+    A batch's first placement (every layer places its first segments now, all as many
+    rows, in a tier that shares rows) goes into one stack of the tier, each layer taking
+    its batch row (:func:`stacked_first_rows`): the batch's stacked view is then those rows
+    as they are (:func:`~vecstore.engine.batch_share.stacked_rows`), not a copy of them."""
     built = build_together(states, staged)
-    # rows copied into host memory are waited for once, after the last layer's placement:
-    # placing a layer (registering pinned pages) overlaps the copies before it
-    with host_writes_together():
-        for state, st, new in zip(states, staged, built, strict=True):
-            state.commit(st, new)
+    parts = stacked_first_rows(states, built)
+    taken = 0
+    try:
+        # rows copied into host memory are waited for once, after the last layer's
+        # placement: placing a layer (registering pinned pages) overlaps the copies before it
+        with host_writes_together():
+            for state, st, new, rows in zip(states, staged, built, parts, strict=True):
+                state.commit(st, new, rows)
+                taken += 1
+    except BaseException:
+        left = [rows for rows in parts[taken:] if rows is not None]
+        if left:  # the stack's rows no layer took go back
+            placement = states[0].placement
+            assert placement is not None
+            for rows in left:
+                placement.tier(states[0].device).free(rows)
+        raise
+
+
+def stacked_first_rows(states: list[LayerState],
+                       built: list[list[Segment]]) -> list[StoredRows | None]:
+    """Rows for a batch's first placement, one stack of the tier split into its batch rows
+    (:func:`~vecstore.kvstore.base.growable_rows`, :meth:`KVStore.split
+    <vecstore.kvstore.base.KVStore.split>`: charged now, each row its part), when every
+    layer of ``states`` places its first segments (``built``), all as many rows, on one
+    device whose tier shares rows; ``None`` for each otherwise.
+
+    Raises
+    ------
+    CapacityError
+        The stack does not fit in the tier's budget; nothing is charged.
+    """
+    none: list[StoredRows | None] = [None] * len(states)
+    first = states[0]
+    placement = first.placement
+    if len(states) < 2 or placement is None or not all(built):
+        return none
+    n = {sum(s.num_tokens for s in new) for new in built}
+    heads = {(new[0].keys.shape[0], new[0].keys.shape[2]) for new in built}
+    if len(n) != 1 or len(heads) != 1 or any(
+            st.placement is not placement or st.device != first.device or st.segments
+            or st.rows is not None for st in states):
+        return none
+    tier = placement.tier(first.device)
+    if not type(tier).shareable_rows:
+        return none
+    (H, D), (N,) = heads.pop(), n
+    # sized as a layer's own rows' first reserve was, when they grew to a second segment:
+    # a 128K prompt indexed in 8K segments stays in it through its decoding's first flushes
+    stack = growable_rows(tier, (len(states), H, N, D), first.dtype,
+                          f"the rows of a batch of {len(states)} sequences ({N} tokens each)",
+                          room=2 * N)
+    return list(tier.split(stack))
 
 
 def _heads_of(segment: Segment, heads: slice, start: int) -> Segment:

@@ -10,7 +10,7 @@ from vecstore.engine.layer_state import LayerState
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import KVStore, StoredRows
 
-__all__ = ["share", "grown_rows"]
+__all__ = ["share", "grown_rows", "stacked_rows"]
 
 
 def share(tier: KVStore, rows: StoredRows, states: list[LayerState]) -> bool:
@@ -42,3 +42,29 @@ def grown_rows(stacked: IndexView, states: list[LayerState],
                 return None
     shape = (*keys.shape[:2], n, keys.shape[3])
     return keys.as_strided(shape, keys.stride()), values.as_strided(shape, values.stride())
+
+
+def stacked_rows(states: list[LayerState],
+                 n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The keys and values the layers ``states`` read, viewed as one ``[B, Hkv, n, D]``
+    stack without a copy, where they already are one: each layer's rows are batch row ``b``
+    of one allocation (a batch's first placement,
+    :func:`~vecstore.engine.batch_build.commit_together`, grown in place since), evenly
+    spaced, with ``n`` rows a head and the same strides; ``None`` otherwise."""
+    rows = [st.rows for st in states]
+    if len(rows) < 2 or any(r is None for r in rows):
+        return None
+    stacks = []
+    for ts in ([r.keys for r in rows], [r.values for r in rows]):  # type: ignore[union-attr]
+        first, size = ts[0], ts[0].element_size()
+        step = ts[1].data_ptr() - first.data_ptr()
+        storage = first.untyped_storage().data_ptr()
+        if step <= 0 or step % size or first.shape[1] != n or any(
+                t.shape != first.shape or t.stride() != first.stride()
+                or t.dtype != first.dtype or t.device != first.device
+                or t.untyped_storage().data_ptr() != storage
+                or t.data_ptr() != first.data_ptr() + b * step for b, t in enumerate(ts)):
+            return None
+        stacks.append(first.as_strided((len(ts), *first.shape),
+                                       (step // size, *first.stride())))
+    return stacks[0], stacks[1]

@@ -69,14 +69,18 @@ class LayerImage:
 
 
 def place_segments(placement: Placement, segments: list[Segment], device: torch.device,
-                   dtype: torch.dtype, what: str, old: LayerImage | None) -> LayerImage:
+                   dtype: torch.dtype, what: str, old: LayerImage | None,
+                   rows: StoredRows | None = None) -> LayerImage:
     """Place ``segments``' rows and metadata for a layer on ``device``; charges the budgets
     (raising :class:`~vecstore.errors.CapacityError`) before allocating. Changes nothing
     else. ``old`` (the layer's current image): rows whose tier does not change are kept, and
     where ``segments`` only add to ``old``'s, the tier grows ``old``'s rows in place if it can
     (:meth:`~vecstore.kvstore.base.KVStore.extend`: only the new rows are copied); the
-    image returned then took ``old``'s rows (``took_old_rows``). ``what`` names the layer
-    in budget errors."""
+    image returned then took ``old``'s rows (``took_old_rows``). ``rows``: uninitialised
+    ``[Hkv, N, D]`` rows of the tier, charged, which all of ``segments`` are copied into
+    instead (a layer's batch row of a stack,
+    :func:`~vecstore.engine.batch_build.commit_together`); not freed if this raises.
+    ``what`` names the layer in budget errors."""
     H, D = segments[0].keys.shape[0], segments[0].keys.shape[2]
     N = sum(s.num_tokens for s in segments)
     tier = placement.tier(device)
@@ -88,8 +92,10 @@ def place_segments(placement: Placement, segments: list[Segment], device: torch.
     account.charge(meta_bytes, f"the index metadata of {what}")
     try:
         # moving a placed layer between devices keeps rows whose tier does not change
-        rows, kept = None, 0
-        if old is not None and old.tier is tier and old.begins(segments):
+        kept = 0
+        if rows is not None:
+            assert tuple(rows.keys.shape) == (H, N, D), "rows given for other segments"
+        elif old is not None and old.tier is tier and old.begins(segments):
             kept = len(old.segments)
             rows = old.rows if kept == len(segments) else tier.extend(
                 old.rows, N, f"the rows of {what}")

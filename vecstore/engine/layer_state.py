@@ -128,16 +128,20 @@ class LayerState(TailHolder):
         keys, values = staged.ready_tokens()
         return self.index.build(keys, values, staged.start)
 
-    def commit(self, staged: StagedAppend, built: list[Segment]) -> list[Segment]:
+    def commit(self, staged: StagedAppend, built: list[Segment],
+               rows: StoredRows | None = None) -> list[Segment]:
         """Make ``staged`` the layer's, ``built`` (:meth:`build`'s segments of it) indexed
-        and placed; returns them as the layer holds them. A placement that does not fit
-        raises :class:`~vecstore.errors.CapacityError` and changes nothing."""
+        and placed; returns them as the layer holds them. ``rows``: charged rows of the
+        tier to place every segment in (:func:`place_segments`; the caller frees them if
+        this raises). A placement that does not fit raises
+        :class:`~vecstore.errors.CapacityError` and changes nothing."""
         pending_keys, pending_values = staged.pending_keys, staged.pending_values
         image = None
         if built:
             pending_keys = pending_keys[:, staged.ready:].contiguous()
             pending_values = pending_values[:, staged.ready:].contiguous()
-            image = self._place(self.segments + built)  # may raise: nothing changed yet
+            # may raise: nothing changed yet
+            image = self._place(self.segments + built, rows=rows)
         self.sink_keys, self.sink_values = staged.sink_keys, staged.sink_values
         self._tail.set(pending_keys, pending_values)
         if built:
@@ -266,15 +270,16 @@ class LayerState(TailHolder):
     def _is_placed(self, segments: list[Segment]) -> bool:
         return self._image is not None and self._image.holds(segments)
 
-    def _place(self, segments: list[Segment], device: torch.device | None = None,
-               ) -> LayerImage | None:
-        """Place ``segments`` for the layer on ``device`` (:func:`place_segments`), or
-        ``None`` without a placement or segments. Changes nothing."""
+    def _place(self, segments: list[Segment], device: torch.device | None = None, *,
+               rows: StoredRows | None = None) -> LayerImage | None:
+        """Place ``segments`` for the layer on ``device`` (:func:`place_segments`, in
+        ``rows`` if given), or ``None`` without a placement or segments. Changes nothing."""
         if self.placement is None or not segments:
+            assert rows is None, "rows given for a layer that places none"
             return None
         dev = self.device if device is None else torch.device(device)
         return place_segments(self.placement, segments, dev, self.dtype, self.label,
-                              self._image)
+                              self._image, rows)
 
     def _install(self, segments: list[Segment], image: LayerImage | None, *,
                  keep: bool = False) -> None:

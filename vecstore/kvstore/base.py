@@ -140,13 +140,16 @@ class KVStore(Protocol):
         """
         ...
 
-    def extend(self, rows: StoredRows, num_rows: int, what: str = "") -> StoredRows | None:
+    def extend(self, rows: StoredRows, num_rows: int, what: str = "", *,
+               room: int = 0) -> StoredRows | None:
         """``[..., N, D]`` rows of this tier with room for ``num_rows >= N`` rows along
         ``N``, the first ``N`` kept and the rest uninitialised; each ``[num_rows, D]`` block
         contiguous (the blocks may sit further apart than ``num_rows`` rows). The result
         replaces ``rows``, which must not be used or freed after. ``None`` where the tier
         does not grow rows (the caller allocates anew and copies); a layer whose index
-        grows segment by segment then copies its rows each time.
+        grows segment by segment then copies its rows each time. ``room``: rows the caller
+        expects them to reach soon, which a tier growing rows in place sizes its reserve
+        for as it would for ``num_rows`` (nothing more is charged).
 
         Raises
         ------
@@ -214,12 +217,12 @@ def copy_rows(tier: KVStore, keys: torch.Tensor, values: torch.Tensor) -> Stored
 
 
 def growable_rows(tier: KVStore, shape: tuple[int, ...], dtype: torch.dtype,
-                  what: str = "") -> StoredRows:
+                  what: str = "", *, room: int = 0) -> StoredRows:
     """Uninitialised ``[..., N, D]`` rows of ``shape`` in ``tier``, to be grown by
     :meth:`KVStore.extend`: where the tier grows rows they are grown from no rows, so a tier
     that grows them in place does so from their first growth on (the ``pinned`` tier
-    reserves address space for more and commits, pins and charges only these); elsewhere
-    :meth:`KVStore.allocate`.
+    reserves address space for more, sized for ``room`` rows if more than ``N``, and
+    commits, pins and charges only these); elsewhere :meth:`KVStore.allocate`.
 
     Raises
     ------
@@ -228,7 +231,7 @@ def growable_rows(tier: KVStore, shape: tuple[int, ...], dtype: torch.dtype,
     """
     empty = tier.allocate((*shape[:-2], 0, shape[-1]), dtype, what)
     try:
-        rows = tier.extend(empty, shape[-2], what)
+        rows = tier.extend(empty, shape[-2], what, room=room)
     except BaseException:
         tier.free(empty)
         raise

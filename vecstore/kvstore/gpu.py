@@ -68,7 +68,8 @@ class GPUKVStore:
     def store(self, keys: torch.Tensor, values: torch.Tensor) -> StoredRows:
         return copy_rows(self, keys, values)
 
-    def extend(self, rows: StoredRows, num_rows: int, what: str = "") -> None:
+    def extend(self, rows: StoredRows, num_rows: int, what: str = "", *,
+               room: int = 0) -> None:
         # re-placing on the device copies at its bandwidth; a reserve would hold memory
         return None
 

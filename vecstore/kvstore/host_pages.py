@@ -74,7 +74,10 @@ class HostPages:
         whether :meth:`pin` registers with CUDA; ``False`` where CUDA is absent)."""
         mapping = mmap.mmap(-1, num_bytes, flags=_MAP_FLAGS)
         exported = memoryview(mapping)
-        memory = torch.frombuffer(exported, dtype=torch.uint8)
+        # a normal tensor even under torch.inference_mode: rows placed in a prompt's
+        # inference-mode prefill grow in place later, whatever mode the decoding runs in
+        with torch.inference_mode(False):
+            memory = torch.frombuffer(exported, dtype=torch.uint8)
         pinned: list[int] = []
         # the finalizer holds the mapping, so it is unmapped only after the unregisters
         finalizer = weakref.finalize(exported, _unpin, pinned, mapping)

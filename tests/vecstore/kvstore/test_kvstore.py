@@ -94,6 +94,20 @@ def test_growable_pinned_rows_grow_in_place_from_the_first_growth():
     assert tier.account.used_bytes == 0
 
 
+def test_growable_rows_reserve_for_the_room_asked():
+    tier = PinnedKVStore()
+    rows = growable_rows(tier, (2, 4, 100, 8), torch.float32, room=300)
+    rows.keys.fill_(1.0)
+    ptr = rows.keys.data_ptr()
+    assert rows.num_bytes == tier.account.used_bytes == 2 * 2 * 4 * 100 * 8 * 4  # 100 rows
+    rows = tier.extend(rows, 4000)  # within 16 x 300 rows: in place
+    assert rows.keys.data_ptr() == ptr and float(rows.keys[:, :, :100].sum()) == 6400
+    rows = tier.extend(rows, 5000)  # past it: moved
+    assert rows.keys.data_ptr() != ptr and float(rows.keys[:, :, :100].sum()) == 6400
+    tier.free(rows)
+    assert tier.account.used_bytes == 0
+
+
 def test_split_pinned_rows_grow_in_place_in_their_heads_registering_each_range_once(
         monkeypatch):
     asked: list[tuple[HostPages, int, int]] = []
@@ -244,3 +258,20 @@ def test_a_growth_faults_the_next_one_in_ahead_and_registers_it_later(monkeypatc
         (head + 3 * row, 2 * row), (head + 5 * row, 42 * row)]
     assert float(rows.keys[:, :, :3].sum()) == 2 * 3 * row // 4  # kept through it all
     tier.free(rows)
+
+
+def test_rows_placed_in_inference_mode_grow_in_place_outside_it():
+    # a prompt prefilled under torch.inference_mode, then decoded under no_grad
+    tier = PinnedKVStore()
+    with torch.inference_mode():
+        stack = growable_rows(tier, (2, 2, 10, 8), torch.float32)
+        part = tier.split(stack)[0]
+        plain = tier.allocate((2, 3, 8), torch.float32)
+    assert not (part.keys.is_inference() or plain.keys.is_inference())
+    with torch.no_grad():
+        part = tier.extend(part, 12)
+        part.keys[:, -2:] = 1.0
+        plain.values.fill_(2.0)
+    assert float(part.keys[:, 10:].sum()) == 2 * 2 * 8 and float(plain.values.sum()) == 96
+    tier.free(part)
+    tier.free(plain)
