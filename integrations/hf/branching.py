@@ -86,10 +86,11 @@ class BranchingMixin:
         """Repeat every batch row ``repeats`` times (the copies share its stored prefix)."""
         self._select_rows(torch.arange(self._rows()).repeat_interleave(repeats))
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None) -> None:
         """Keep each forward pass's tokens outside the store until :meth:`crop` (or the
         next pass) settles them, so that they can be cropped; transformers calls this
-        before assisted decoding."""
+        before assisted decoding. ``recurrent_states_to_keep`` (passed by transformers
+        5.25 and later) is for layers with recurrent states; attention layers keep none."""
         self._recording = True
         self._branched(commit=True)
 

@@ -123,11 +123,12 @@ def stacked_first_rows(states: list[LayerState],
     if not type(tier).shareable_rows:
         return none
     (H, D), (N,) = heads.pop(), n
-    # sized as a layer's own rows' first reserve was, when they grew to a second segment:
-    # a 128K prompt indexed in 8K segments stays in it through its decoding's first flushes
+    # reserved as a layer's own rows were when they first grew, by a segment: a 128K
+    # prompt indexed in 8K segments stays in its first reserve through its decoding's
+    # first flushes (a reserve for 16 x 8K rows alone moved all of it at the first)
     stack = growable_rows(tier, (len(states), H, N, D), first.dtype,
                           f"the rows of a batch of {len(states)} sequences ({N} tokens each)",
-                          room=2 * N)
+                          room=N + first.config.index.segment_tokens)
     return list(tier.split(stack))
 
 
