@@ -10,6 +10,8 @@ import mmap
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.reference import rel_err
 from tests.vecstore.test_batch_growth import (
@@ -177,3 +179,31 @@ def test_a_first_placement_that_fails_returns_the_whole_stack():
     assert all(s.layers[0].view() is None for s in seqs)
     assert store.memory()[PINNED][0] == store.memory()[GPU][0] == 0
     store.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=st.integers(2, 4), chunks=st.lists(st.integers(2, 40), min_size=1, max_size=6),
+       steps=st.integers(0, 20), kind=st.sampled_from(["pinned", "memory"]))
+def test_batches_prefilled_together_answer_as_a_store_never_batched(B, chunks, steps, kind):
+    # prefill chunks appended together (the first placement one stack), then decode steps
+    # (the stack grows or is rebuilt), every answer that of rows queried one by one, the
+    # batch's rows held once
+    config = {**PINNED_CFG, "kvstore": {"kind": kind}}
+    store = Store.open(config=config)
+    ref = Store.open(config=MEMORY)
+    seqs, ref_seqs = ([s.create(f"s{i}", num_layers=1, num_kv_heads=2, head_dim=8,
+                                dtype=torch.float32) for i in range(B)] for s in (store, ref))
+    for i, n in enumerate(chunks):
+        k, v = _kv(B, n, i)
+        store.append_batch(seqs, 0, k, v, whole_segments=True)
+        ref.append_batch(ref_seqs, 0, k, v, whole_segments=True)
+    for i in range(steps + 1):
+        q = _q(B, i)
+        assert rel_err(store.query(seqs, 0, q).out, _one_by_one(ref, ref_seqs, q)) < 1e-5
+        if kind == "pinned" and seqs[0].layers[0].rows is not None:
+            assert store.memory()[PINNED][0] == _layer_bytes(seqs)[0]  # one copy
+        store.append_batch(seqs, 0, *_kv(B, 1, 100 + i))
+        ref.append_batch(ref_seqs, 0, *_kv(B, 1, 100 + i))
+    store.close()
+    ref.close()
+    assert all(used == 0 for used, _, _ in store.placement.usage().values())
