@@ -59,9 +59,10 @@ def test_growth_of_a_shared_stack_maps_nothing_and_registers_no_range_twice(monk
         asked.append((pages, offset, num_bytes))
         pin(pages, offset, num_bytes, fault=fault)
 
-    def record_map(num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
+    def record_map(num_bytes: int, *, register: bool,
+                   dtype: torch.dtype = torch.uint8) -> tuple[HostPages, torch.Tensor]:
         maps.append(num_bytes)
-        return map_(num_bytes, register=register)
+        return map_(num_bytes, register=register, dtype=dtype)
 
     monkeypatch.setattr(HostPages, "pin", record_pin)
     monkeypatch.setattr(HostPages, "map", staticmethod(record_map))
@@ -128,9 +129,10 @@ def test_a_batch_placed_together_is_its_stack_so_its_first_query_copies_nothing(
     maps: list[int] = []
     map_ = HostPages.map
 
-    def record_map(num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
+    def record_map(num_bytes: int, *, register: bool,
+                   dtype: torch.dtype = torch.uint8) -> tuple[HostPages, torch.Tensor]:
         maps.append(num_bytes)
-        return map_(num_bytes, register=register)
+        return map_(num_bytes, register=register, dtype=dtype)
 
     monkeypatch.setattr(HostPages, "map", staticmethod(record_map))
     probe, probe_seqs = _filled(3)

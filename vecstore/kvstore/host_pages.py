@@ -1,7 +1,7 @@
 """Host memory of its own for the pinned tier: anonymous mappings, registered with CUDA
 (page-locked and mapped into the GPU's address space) range by range.
 
-A :class:`HostPages` is one anonymous mapping viewed as a ``uint8`` tensor. Untouched pages
+A :class:`HostPages` is one anonymous mapping viewed as a 1-D tensor. Untouched pages
 cost address space only, so a mapping may be reserved larger than its rows and grown into:
 :meth:`HostPages.pin` registers a further range as rows reach it, after faulting its pages
 in from several threads (:func:`fault_in`): ``cudaHostRegister`` of untouched pages faults
@@ -69,15 +69,18 @@ class HostPages:
         self._ahead: list[Future[bool]] = []  # jobs faulting ranges in in the background
 
     @classmethod
-    def map(cls, num_bytes: int, *, register: bool) -> tuple[HostPages, torch.Tensor]:
-        """A new mapping of ``num_bytes`` and the ``uint8`` tensor over it (``register``:
-        whether :meth:`pin` registers with CUDA; ``False`` where CUDA is absent)."""
+    def map(cls, num_bytes: int, *, register: bool,
+            dtype: torch.dtype = torch.uint8) -> tuple[HostPages, torch.Tensor]:
+        """A new mapping of ``num_bytes`` (a multiple of ``dtype``'s size) and the 1-D
+        ``dtype`` tensor over it (``register``: whether :meth:`pin` registers with CUDA;
+        ``False`` where CUDA is absent)."""
         mapping = mmap.mmap(-1, num_bytes, flags=_MAP_FLAGS)
         exported = memoryview(mapping)
-        # a normal tensor even under torch.inference_mode: rows placed in a prompt's
-        # inference-mode prefill grow in place later, whatever mode the decoding runs in
+        # a normal tensor even under torch.inference_mode (its views then are too): rows
+        # placed in a prompt's inference-mode prefill grow in place later, whatever mode
+        # the decoding runs in
         with torch.inference_mode(False):
-            memory = torch.frombuffer(exported, dtype=torch.uint8)
+            memory = torch.frombuffer(exported, dtype=dtype)
         pinned: list[int] = []
         # the finalizer holds the mapping, so it is unmapped only after the unregisters
         finalizer = weakref.finalize(exported, _unpin, pinned, mapping)

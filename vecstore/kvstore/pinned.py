@@ -35,15 +35,6 @@ __all__ = ["PinnedKVStore"]
 _RESERVE = 16
 
 
-def _typed(memory: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A mapping's ``uint8`` tensor (:meth:`HostPages.map`) viewed as ``dtype``, a normal
-    tensor even under ``torch.inference_mode`` (where a dtype view would be an inference
-    tensor): rows placed by an inference-mode prefill are grown in place by decode steps
-    run in any mode."""
-    with torch.inference_mode(False):
-        return memory.view(dtype)
-
-
 @dataclass(frozen=True, slots=True)
 class _Reserve:
     """Rows grown in place: heads ``[head0, head0 + heads)`` of a mapping of ``[*, cap, D]``
@@ -134,15 +125,16 @@ class PinnedKVStore:
         try:
             for _ in range(2):
                 if not (self.is_pinned and num_bytes):
-                    with torch.inference_mode(False):  # as _typed's
+                    # a normal tensor under inference_mode, as HostPages.map's
+                    with torch.inference_mode(False):
                         out.append(torch.empty(shape, dtype=dtype))
                     continue
                 # register pages of our own in place: torch's pinned allocator would round
                 # each tensor up to a power of two, nearly doubling a large layer's pinned
                 # memory, and heap memory may share a page with a range already registered
-                pages, memory = HostPages.map(num_bytes // 2, register=True)
+                pages, memory = HostPages.map(num_bytes // 2, register=True, dtype=dtype)
                 pages.pin(0, page_multiple(num_bytes // 2))
-                out.append(_typed(memory, dtype).view(shape))
+                out.append(memory.view(shape))
         except BaseException:
             out.clear()  # unpinned and unmapped now
             self._account.release(num_bytes)
@@ -182,12 +174,13 @@ class PinnedKVStore:
             row_bytes = dim * rows.keys.element_size()
             step = mmap.PAGESIZE // math.gcd(mmap.PAGESIZE, row_bytes)  # heads page-aligned
             cap = -(-_RESERVE * max(num_rows, room, 1) // step) * step
-            mapped = [HostPages.map(heads * cap * row_bytes, register=self.is_pinned)
+            mapped = [HostPages.map(heads * cap * row_bytes, register=self.is_pinned,
+                                    dtype=dtype)
                       for _ in range(2)]
             res = _Reserve((mapped[0][0], mapped[1][0]), heads, cap, row_bytes,
                            ([0] * heads, [0] * heads))
             res.pin_rows(num_rows)
-            grown = [_typed(memory, dtype).view(*lead, cap, dim)[..., :num_rows, :]
+            grown = [memory.view(*lead, cap, dim)[..., :num_rows, :]
                      for _, memory in mapped]
             for new, old in zip(grown, (rows.keys, rows.values), strict=True):
                 new[..., :n_old, :].copy_(old)
