@@ -15,11 +15,13 @@ retrieved cluster, as the wave buffer's block cache does (:mod:`vecstore.buffer`
 the share of retrieved clusters found there, over the steps after the first
 ``WARMUP_STEPS`` (``hit_rate``), and the same where, as in the wave buffer, clusters of more
 than ``SLOT_TOKENS`` rows are never cached (``hit_rate_slots``; ``over_slot`` is their share
-of the retrieved clusters). An approximation of the block cache all the same: its policy's
-records are applied a step late.
+of the retrieved clusters). ``--capacities`` replays the same recorded zones through caches
+of other sizes, one row each: how large a block cache a model's locality asks for. An
+approximation of the block cache all the same: its policy's records are applied a step late.
 
     python benchmarks/cache_locality.py [--tokens 4096] [--steps 64] [--task passkey]
                                         [--llama-tokens 8192] [--llama-layers 2]
+                                        [--capacities 0.05 0.1 0.25]
 
 Writes ``cache_locality.{json,md}`` under ``--out`` (default ``benchmarks/results``).
 """
@@ -133,21 +135,27 @@ def record(model, ids: torch.Tensor, steps: int, config: dict | None = None,
     return [calls[layer::layers] for layer in range(layers)], capacity
 
 
-def run(label: str, model, ids: torch.Tensor, steps: int) -> dict:
-    zones, capacity = record(model, ids, steps)
-    rates = [hit_rate(z, capacity) for z in zones]
-    slotted = [hit_rate(z, capacity, SLOT_TOKENS) for z in zones]
+def run(label: str, model, ids: torch.Tensor, steps: int,
+        capacities: list[float] | None = None) -> list[dict]:
+    """One row per cache capacity (``None``: the configured one) for the zones of ``steps``
+    decode steps of ``model`` after the prompt ``ids``."""
+    zones, configured = record(model, ids, steps)
     sizes = torch.cat([z.sizes[z.ids >= 0] for layer in zones for z in layer]).float()
-    row = {"model": label, "prompt_tokens": ids.shape[1], "steps": len(zones[0]),
-           "layers": len(rates), "capacity": capacity,
-           "clusters_per_head": zones[0][-1].clusters,
-           "retrieved_per_head": int((zones[0][-1].ids >= 0).sum(-1).float().mean()),
-           "hit_rate": sum(rates) / len(rates), "worst_layer": min(rates),
-           "hit_rate_slots": sum(slotted) / len(slotted),
-           "retrieved_rows_mean": float(sizes.mean()),
-           "over_slot": float((sizes > SLOT_TOKENS).float().mean())}
-    print_row(row)
-    return row
+    rows = []
+    for capacity in capacities or [configured]:
+        rates = [hit_rate(z, capacity) for z in zones]
+        slotted = [hit_rate(z, capacity, SLOT_TOKENS) for z in zones]
+        row = {"model": label, "prompt_tokens": ids.shape[1], "steps": len(zones[0]),
+               "layers": len(rates), "capacity": capacity,
+               "clusters_per_head": zones[0][-1].clusters,
+               "retrieved_per_head": int((zones[0][-1].ids >= 0).sum(-1).float().mean()),
+               "hit_rate": sum(rates) / len(rates), "worst_layer": min(rates),
+               "hit_rate_slots": sum(slotted) / len(slotted),
+               "retrieved_rows_mean": float(sizes.mean()),
+               "over_slot": float((sizes > SLOT_TOKENS).float().mean())}
+        print_row(row)
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,22 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-tokens", type=int, default=8192,
                         help="prompt of e2e.py's random model (0: not run)")
     parser.add_argument("--llama-layers", type=int, default=2)
+    parser.add_argument("--capacities", type=float, nargs="+", default=None,
+                        help="block-cache capacities to replay the zones through, as "
+                             "fractions of a head's clusters (default: cache.capacity)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     model, tokenizer = load_smollm2(device="cpu")
     sample = make_sample(args.task, args.tokens, 0, tokenizer)
     ids = tokenizer(sample.prompt, return_tensors="pt", add_special_tokens=False).input_ids
-    rows = [run(f"SmolLM2-135M, {args.task} prompt", model, ids, args.steps)]
+    rows = run(f"SmolLM2-135M, {args.task} prompt", model, ids, args.steps, args.capacities)
     _randomize(model, model.config.initializer_range)
     noise = torch.randint(0, model.config.vocab_size, ids.shape,
                           generator=torch.Generator().manual_seed(1))
-    rows.append(run("SmolLM2-135M, random weights, random tokens", model, noise, args.steps))
+    rows += run("SmolLM2-135M, random weights, random tokens", model, noise, args.steps,
+                args.capacities)
     if args.llama_tokens:  # e2e.py's model, its first layers, in float32 on the CPU
         llama = build_model(args.llama_layers, device="cpu").float()
         noise = torch.randint(0, llama.config.vocab_size, (1, args.llama_tokens),
                               generator=torch.Generator().manual_seed(1))
-        rows.append(run(f"e2e.py's Llama-3-8B shape, {args.llama_layers} layers, random "
-                        "weights, random tokens", llama, noise, args.steps))
+        rows += run(f"e2e.py's Llama-3-8B shape, {args.llama_layers} layers, random "
+                    "weights, random tokens", llama, noise, args.steps, args.capacities)
     meta = {**machine(), "task": args.task, "warmup_steps": WARMUP_STEPS,
             "executor": "torch", "policy": "LRU over every retrieved cluster"}
     write_results(args.out, "cache_locality", meta, rows,

@@ -51,3 +51,16 @@ def test_record_sees_every_decode_step_of_every_layer():
             taken = zone.ids >= 0
             assert taken.any() and (zone.ids < zone.clusters).all()
             assert (zone.sizes[taken] > 0).all() and (zone.sizes[~taken] == 0).all()
+
+
+def test_run_replays_the_zones_through_each_capacity():
+    model = tiny_model(layers=2)
+    ids = torch.randint(0, model.config.vocab_size, (1, 300),
+                        generator=torch.Generator().manual_seed(0))
+    caps = [0.05, 0.2, 1.0]
+    rows = cache_locality.run("tiny", model, ids, 12, caps)
+    assert [r["capacity"] for r in rows] == caps
+    # LRU keeps what a smaller LRU keeps (inclusion): the hit rate cannot fall as it grows
+    rates = [r["hit_rate"] for r in rows]
+    assert rates == sorted(rates) and rates[-1] > rates[0]
+    assert len({(r["steps"], r["clusters_per_head"], r["retrieved_rows_mean"]) for r in rows}) == 1

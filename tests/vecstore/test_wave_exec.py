@@ -286,6 +286,34 @@ def test_gpu_int8_scoring_matches_reference_on_dequantized_centroids():
         assert stats.units_retrieved == ref[2].units_retrieved
 
 
+@interpreted
+def test_each_groups_logits_live_until_the_step_has_joined_its_stream(monkeypatch):
+    # a group's logits are read on its own stream: freed before that stream is joined, a
+    # later group's logits could reuse their memory under the selection reading them (the
+    # GPU test with three groups failed so)
+    import weakref
+
+    from vecstore.executor import wave_streams
+    from vecstore.kernels import centroid_logits as logits_module
+
+    monkeypatch.setattr(wave_streams, "_PIPELINE_GROUPS", 3)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
+    monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
+    made, real = [], logits_module.centroid_logits
+
+    def recorded(*args, **kwargs):
+        assert all(ref() is not None for ref in made)  # the earlier groups' are held
+        out = real(*args, **kwargs)
+        made.append(weakref.ref(out.rank))
+        return out
+
+    monkeypatch.setattr(logits_module, "centroid_logits", recorded)
+    index, view, steady, q = _batch(torch.Generator().manual_seed(2), torch.float32)
+    WaveExecutor(backend="triton", score_dtype=torch.float32, use_graphs=False).run(
+        index, view, steady, q, D ** -0.5, CFG.for_layer(0))
+    assert len(made) == 3
+
+
 def test_pipeline_groups_only_where_the_selection_is_long():
     from vecstore.executor.wave_streams import pipeline_groups
 

@@ -88,6 +88,10 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
     groups = 1 if buf is not None else pipeline_groups(rows, C)
     steady_done = torch.cuda.Event() if main is not None else None
     joins = []
+    # every group's logits, allocated on the current stream and read on the group's own,
+    # are held until that stream is joined: freed sooner, a later group's logits could be
+    # written into them while the group's selection still reads them
+    held = []
     for g in range(groups):
         r0, r1 = g * rows // groups, (g + 1) * rows // groups
         x0, x1 = r0 * G, r1 * G
@@ -95,6 +99,7 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
         scales = prep.code_scales[r0:r1] if prep.code_scales is not None else None
         logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
                                  prep.radius_weight, weights[x0:x1], scales, softcap)
+        held.append(logits)
         sel, side = streams.get(dev, "select", g), streams.get(dev, "side", g)
         if sel is not None:
             sel.wait_stream(main)  # this group's logits; the next group's follow on main
