@@ -42,7 +42,10 @@ for the wave caches, whose centroids and value sums come on top) against the HBM
 bandwidth measured at the start (``hbm_copy_gbs`` in the JSON's meta), and the largest batch
 each cache ran with its ratio to ``full``'s largest; ``wave-pinned`` rows also give
 ``hit_rate``, the share of retrieved clusters its GPU block caches held over every decode
-step (:meth:`~vecstore.executor.wave_exec.WaveExecutor.buffer_stats`). ``--profile`` also
+step (:meth:`~vecstore.executor.wave_exec.WaveExecutor.buffer_stats`), their
+``cache_capacity`` and ``vs_resident``, their tokens/s over the resident ``wave`` row's at
+the same batch; ``--cache-capacities`` runs ``wave-pinned`` once per block-cache capacity
+(the fraction of each layer's clusters it holds). ``--profile`` also
 writes, per cache and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` under
 ``--out``. ``--profile-prefill`` (CUDA) runs each prefill under the profiler and reports
 ``prefill_gpu_s``, the seconds the GPU was busy in it, with its busiest kernels in
@@ -58,7 +61,8 @@ Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
     python benchmarks/e2e.py [--context 131072] [--batches 1 8 ...] [--layers 4]
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
-                             [--full-splits 0 2 4 8] [--compile-layers] [--profile]
+                             [--full-splits 0 2 4 8] [--cache-capacities 0.05 0.25]
+                             [--compile-layers] [--profile]
                              [--profile-prefill]
                              [--out DIR]
                              [--model tiny --device cpu]   (a CPU run, as the tests do)
@@ -88,9 +92,12 @@ from benchmarks.e2e_profile import PROFILE_STEPS, profile_prefill, profile_steps
 from benchmarks.e2e_report import CACHES, kv_read_gb, largest, with_ratios, write  # noqa: E402
 from benchmarks.flash_varlen import SPLITS_SUPPORTED  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
+from vecstore.config import CacheConfig  # noqa: E402
+from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 
 MAX_BATCH = 64
 WARMUP_STEPS = 4  # untimed decode steps before the timed ones, for every cache
+DEFAULT_CAPACITY = CacheConfig().capacity  # wave-pinned's block caches without --cache-capacities
 
 
 def chunk_length(batch: int, prefill_chunk: int, context: int) -> int:
@@ -186,20 +193,24 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    profile_to = args.out / "e2e_profiles" / f"e2e_profile_{name}_b{batch}.txt"
+    capacity = row.get("cache_capacity") if args.cache_capacities else None
+    label = name if capacity is None else f"{name}_c{capacity:g}"
+    profile_to = args.out / "e2e_profiles" / f"e2e_profile_{label}_b{batch}.txt"
     variants = len(args.full_splits) if name == "full" and SPLITS_SUPPORTED else 1
     length = args.context + 1 + variants * (WARMUP_STEPS + args.steps) + 2 * PROFILE_STEPS
     cache = None
     try:
-        cache = make_cache(name, model, batch, length, compile_layers=args.compile_layers)
+        cache = make_cache(name, model, batch, length, compile_layers=args.compile_layers,
+                           cache_capacity=capacity)
         res = run(name, model, cache, ids, args.steps, row["prefill_chunk"],
                   profile_to if args.profile else None, tuple(args.full_splits),
                   compile_layers=args.compile_layers,
                   prefill_profile_to=profile_to if args.profile_prefill else None)
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
-        if name == "wave-pinned":  # the block caches' share of retrieved clusters, all steps
-            res["hit_rate"] = cache.store.executor.buffer_stats().hit_rate
+        executor = cache.store.executor if name == "wave-pinned" else None
+        if isinstance(executor, WaveExecutor):  # the block caches' share of retrieved
+            res["hit_rate"] = executor.buffer_stats().hit_rate  # clusters, every step
         tokens = length if name == "static" else res["mean_tokens"]
         res["kv_read_gb"] = kv_read_gb(model.config, name, batch, tokens, res)
         res["kv_read_gbs"] = res["kv_read_gb"] / res["step_ms"] * 1e3
@@ -238,6 +249,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--full-splits", type=int, nargs="+", default=[0, 2, 4, 8],
                         help="full: flash-decoding splits of each row's keys to time, the "
                              "fastest kept (0: FlashAttention's own choice)")
+    parser.add_argument("--cache-capacities", type=float, nargs="+", default=None,
+                        help="wave-pinned: run it once per block-cache capacity (cache."
+                             "capacity, a fraction of each layer's clusters; default: the "
+                             "config's)")
     parser.add_argument("--compile-layers", action="store_true",
                         help="full and wave caches: decode steps run the decoder layers "
                              "compiled around their attention (torch.compile; "
@@ -258,6 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--layers, --context and --steps must be at least 1")
     if len(set(args.caches)) != len(args.caches):
         parser.error("--caches: name each cache once")
+    if args.cache_capacities and any(not 0 < c <= 1 for c in args.cache_capacities):
+        parser.error("--cache-capacities: each must be in (0, 1]")
     if any(not 0 <= n <= 128 for n in args.full_splits):
         parser.error("--full-splits: each must be between 0 and 128")
     return args
@@ -278,12 +295,16 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.randint(0, model.config.vocab_size, (batch, args.context), generator=gen,
                             device=dev)
         for name in args.caches:
-            row = {"batch": batch, "context": args.context, "layers": args.layers,
-                   "cache": name,
-                   "prefill_chunk": chunk_length(batch, args.prefill_chunk, args.context)}
-            rows.append(row)
-            measure(args, model, name, batch, ids, row)
-            save(args, rows, ceil)  # after every cache: a run stopped early keeps what it measured
+            pinned = name == "wave-pinned"
+            for capacity in (args.cache_capacities or [DEFAULT_CAPACITY]) if pinned else [None]:
+                row = {"batch": batch, "context": args.context, "layers": args.layers,
+                       "cache": name,
+                       "prefill_chunk": chunk_length(batch, args.prefill_chunk, args.context)}
+                if pinned:
+                    row["cache_capacity"] = capacity
+                rows.append(row)
+                measure(args, model, name, batch, ids, row)
+                save(args, rows, ceil)  # after every run: one stopped early keeps the rest
         del ids
     print("\n" + (args.out / "e2e.md").read_text(), flush=True)
 

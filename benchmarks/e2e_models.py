@@ -30,10 +30,12 @@ def build_model(layers: int, shape: str = "llama-3-8b", device: str = "cuda"):
         return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
-def make_cache(name: str, model, batch: int, length: int, *, compile_layers: bool = False):
+def make_cache(name: str, model, batch: int, length: int, *, compile_layers: bool = False,
+               cache_capacity: float | None = None):
     """A fresh cache of kind ``name`` for ``batch`` rows that reach ``length`` tokens
     (``compile_layers``: a wave cache's decode steps run the layers compiled around their
-    attention; ``full`` gets them from :func:`make_step`)."""
+    attention; ``full`` gets them from :func:`make_step`; ``cache_capacity``: the
+    ``wave-pinned`` block caches' ``cache.capacity``, ``None`` for the default)."""
     from transformers import DynamicCache, StaticCache
 
     from benchmarks.full_attention import FullCache
@@ -51,6 +53,8 @@ def make_cache(name: str, model, batch: int, length: int, *, compile_layers: boo
     config: dict = {"executor": {"device": str(device)}}
     if name == "wave-pinned":  # the default config's prefill mirror included
         config["kvstore"] = {"kind": "pinned"}
+        if cache_capacity is not None:
+            config["cache"] = {"capacity": cache_capacity}
     return WaveCache(config, model, cuda_graphs=True if compile_layers else None,
                      compile_layers=compile_layers)
 

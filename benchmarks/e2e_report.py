@@ -31,8 +31,8 @@ LABELS = {
 COLUMNS = ["batch", "context", "layers", "cache", "tokens_per_s", "vs_full", "step_ms",
            "gpu_ms", "wall_over_gpu", "kv_read_gbs", "prefill_s", "prefill_vs_full",
            "prefill_gpu_s", "first_step_s",
-           "peak_gpu_gb", "exact_fraction", "hit_rate", "num_splits", "prefill_chunk",
-           "error"]
+           "peak_gpu_gb", "exact_fraction", "cache_capacity", "hit_rate", "vs_resident",
+           "num_splits", "prefill_chunk", "error"]
 
 
 def _key(row: dict) -> tuple:
@@ -50,10 +50,13 @@ def kv_read_gb(config, name: str, batch: int, tokens: int, res: dict) -> float:
 
 def with_ratios(rows: list[dict]) -> list[dict]:
     """``rows`` with ``vs_full`` and ``prefill_vs_full`` set where the ``full`` row of the
-    same batch, context and layers ran, and ``wall_over_gpu`` where the device time is
+    same batch, context and layers ran, ``vs_resident`` on ``wave-pinned`` rows where the
+    resident ``wave`` row of the same batch ran (tokens/s over its), and
+    ``wall_over_gpu`` where the device time is
     known (the step's wall time over its busy device time: > 1 is time the device waited
     for the host)."""
     full = {_key(r): r for r in rows if r["cache"] == BASELINE and "tokens_per_s" in r}
+    resident = {_key(r): r for r in rows if r["cache"] == "wave" and "tokens_per_s" in r}
     out = []
     for r in rows:
         r = dict(r)
@@ -61,6 +64,9 @@ def with_ratios(rows: list[dict]) -> list[dict]:
         if base is not None and "tokens_per_s" in r:
             r["vs_full"] = r["tokens_per_s"] / base["tokens_per_s"]
             r["prefill_vs_full"] = r["prefill_s"] / base["prefill_s"]
+        wave = resident.get(_key(r))
+        if r["cache"] == "wave-pinned" and wave is not None and "tokens_per_s" in r:
+            r["vs_resident"] = r["tokens_per_s"] / wave["tokens_per_s"]
         if r.get("gpu_ms"):
             r["wall_over_gpu"] = r["step_ms"] / r["gpu_ms"]
         out.append(r)

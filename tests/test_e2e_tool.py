@@ -39,6 +39,19 @@ def test_every_ratio_divides_by_full_at_the_same_batch():
     assert "vs_full" not in by[24, "dynamic"]
 
 
+def test_pinned_rows_divide_by_the_resident_wave_row_of_their_batch():
+    rows = with_ratios([
+        _row(8, "wave", tokens_per_s=4000.0, prefill_s=20.0, step_ms=2.0),
+        _row(8, "wave-pinned", tokens_per_s=1400.0, prefill_s=21.0, step_ms=5.7,
+             cache_capacity=0.05),
+        _row(8, "wave-pinned", tokens_per_s=3000.0, prefill_s=21.0, step_ms=2.7,
+             cache_capacity=0.5),
+        _row(24, "wave-pinned", tokens_per_s=1600.0, prefill_s=70.0, step_ms=15.0),
+    ])
+    assert [r.get("vs_resident") for r in rows] == [None, pytest.approx(0.35),
+                                                    pytest.approx(0.75), None]
+
+
 def test_no_ratio_without_full_at_that_batch_and_context():
     rows = with_ratios([_row(8, "full", tokens_per_s=1.0, prefill_s=1.0, step_ms=1.0),
                         {**_row(8, "wave", tokens_per_s=5.0, prefill_s=1.0, step_ms=1.0),
@@ -120,6 +133,8 @@ def test_arguments():
     (["--caches", "full", "full"], "--caches: name each cache once"),
     (["--layers", "0"], "must be at least 1"),
     (["--full-splits", "0", "129"], "--full-splits: each must be between 0 and 128"),
+    (["--cache-capacities", "0.05", "0"], "--cache-capacities: each must be in (0, 1]"),
+    (["--cache-capacities", "1.5"], "--cache-capacities: each must be in (0, 1]"),
 ])
 def test_bad_arguments_are_refused(capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -167,3 +182,17 @@ def test_compiled_layers_run_for_full_and_wave_alike(tmp_path):
     result = json.loads((tmp_path / "e2e.json").read_text())
     assert result["meta"]["compile_layers"] is True
     assert not any("error" in r for r in result["rows"]) and len(result["rows"]) == 2
+
+
+def test_pinned_runs_once_per_block_cache_capacity(tmp_path):
+    main(["--device", "cpu", "--model", "tiny", "--layers", "2", "--context", "24",
+          "--batches", "2", "--steps", "2", "--caches", "wave", "wave-pinned",
+          "--cache-capacities", "0.05", "0.5", "--profile", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "e2e.json").read_text())["rows"]
+    assert [(r["cache"], r.get("cache_capacity")) for r in rows] == [
+        ("wave", None), ("wave-pinned", 0.05), ("wave-pinned", 0.5)]
+    assert not any("error" in r for r in rows)
+    for r in rows[1:]:
+        assert r["vs_resident"] == pytest.approx(r["tokens_per_s"] / rows[0]["tokens_per_s"])
+        name = f"e2e_profile_wave-pinned_c{r['cache_capacity']:g}_b2.txt"
+        assert (tmp_path / "e2e_profiles" / name).exists()
