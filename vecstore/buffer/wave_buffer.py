@@ -210,6 +210,69 @@ class WaveBuffer:
         copy_clusters(0, self.layout, self.slot, self._zones.first_row, self.keys,
                       self.values, self.exec_k, self.exec_v, self.slot_tokens)
 
+    # -- filling the cache before the first step ------------------------------------------
+    def warm(self, sizes: torch.Tensor, first_row: torch.Tensor) -> int:
+        """Fill each row's free slots with the newest clusters not cached yet, before a
+        step needs them, and return how many clusters were placed over all rows.
+
+        A new buffer would otherwise start empty and read every retrieved cluster over
+        PCIe until its steps had admitted them; a long prompt's first decode steps, and
+        those after each segment flush (a new view, a new buffer), paid that. The newest
+        clusters (highest ids: the latest segment's) go first, as the ones a decode step
+        is likeliest to retrieve; clusters larger than a slot are never cached. Rows are
+        read zero-copy from the KV rows (host memory) in one launch per call; the policy
+        sees the placed clusters as admitted, oldest first, and the victim list evicts
+        free slots first, then the placed ones oldest first. Hit and miss counters are
+        unchanged. Device work and one bookkeeping record: call it between steps.
+
+        Parameters
+        ----------
+        sizes, first_row : torch.Tensor
+            ``[rows, C]`` int32 cluster sizes and first KV rows, on the buffer's device.
+        """
+        from vecstore.kernels.cluster_copy import copy_clusters
+
+        rows, C, S, T = self.rows, self.num_clusters, self.num_slots, self.slot_tokens
+        dev, i32 = self.device, torch.int32
+        free = self.owner[:, :S] < 0
+        cand = (self.slot_of[:, :C] < 0) & (sizes > 0) & (sizes <= T)
+        # newest first: a candidate is taken if fewer than the row's free slots are newer
+        newer = cand.flip(1).cumsum(1).flip(1)
+        take = cand & (newer <= free.sum(1, keepdim=True))
+        width = min(S, C)
+        ids = torch.arange(C, device=dev).expand(rows, C)
+        chosen = torch.where(take, ids, C + ids).argsort(dim=1)[:, :width]
+        slots = torch.arange(S, device=dev).expand(rows, S)
+        given = torch.where(free, slots, S + slots).argsort(dim=1)[:, :width]
+        count = take.sum(1).to(i32)
+        valid = torch.arange(width, device=dev)[None, :] < count[:, None]
+        layout = ExecLayout(count, torch.where(valid, sizes.gather(1, chosen), 0).to(i32),
+                            (given * T).to(i32), torch.zeros(rows, dtype=i32, device=dev))
+        copy_clusters(0, layout, torch.full_like(chosen, -1, dtype=i32),
+                      first_row.gather(1, chosen).to(i32), self.keys, self.values,
+                      self.cache_k, self.cache_v, T)
+        # the tables; past a row's count the writes go to the dump columns, reset after
+        self.slot_of.scatter_(1, torch.where(valid, chosen, C),
+                              torch.where(valid, given, -1).to(i32))
+        self.owner.scatter_(1, torch.where(valid, given, S),
+                            torch.where(valid, chosen, -1).to(i32))
+        self.slot_of[:, C] = -1
+        self.owner[:, S] = -1
+        # the victim list: free slots first, then those held before in their order, then
+        # the placed ones in the order they were given (oldest cluster first)
+        placed = torch.zeros(rows, S, dtype=torch.bool, device=dev)
+        placed.scatter_(1, given, valid)
+        held = torch.empty_like(slots)
+        held.scatter_(1, self.victims.long(), slots)  # each slot's place in the old list
+        key = torch.where(placed, 2 * S + slots, torch.where(free, slots, S + held))
+        self.victims.copy_(key.argsort(dim=1))
+        self.consumed.zero_()
+        none = torch.full((rows, width), -1, dtype=i32)
+        self.bookkeeper.submit(StepRecord(chosen.to(i32).cpu(), none,
+                                          torch.where(valid, given, -1).to(i32).cpu(), none,
+                                          count.cpu(), ready=None))
+        return int(count.sum())
+
     # -- between steps (host) ----------------------------------------------------------
     def begin_step(self) -> None:
         """Install the newest victim list the policy worker published, if any."""

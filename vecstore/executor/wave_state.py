@@ -161,8 +161,9 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
     for ``layer``'s budgets: per-row zone sizes, value means, centroids in ``score_dtype``
     (int8 codes and their scales for ``torch.int8``, the KV dtype for ``None``), and a
     :class:`WaveBuffer` (``cache_policy``, ``cache_capacity`` of the clusters, ``slot_tokens``
-    rows a slot; its policy records applied on ``policy_worker``) when the rows are not on
-    the centroids' device or ``offload`` asks for one."""
+    rows a slot; its policy records applied on ``policy_worker``; its slots filled with the
+    newest clusters, :meth:`WaveBuffer.warm`) when the rows are not on the centroids' device
+    or ``offload`` asks for one."""
     B, H, C = view.sizes.shape
     N, D = view.keys.shape[2:]
     rows = B * H
@@ -186,22 +187,24 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
     # the execution buffer fits the k1 largest clusters of any row
     top = torch.sort(sizes, dim=1, descending=True).values[:, :k1_max].sum(1)
     max_rows = _capacity(int(top.max()))
+    sizes_dev = sizes.to(dev, torch.int32).contiguous()
+    first_row = view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous()
     buffer = None
-    if keys.device != dev or offload:  # offloaded: the block cache serves
+    if keys.device != dev or offload:  # offloaded: the block cache serves, filled at once
         buffer = WaveBuffer(
             keys, values, num_clusters=C, r_max=r_max, exec_rows=max_rows,
             num_slots=max(1, math.ceil(cache_capacity * C)),
             slot_tokens=slot_tokens, device=dev, policy=cache_policy,
             account=None if accounts is None else accounts(dev), policy_worker=policy_worker)
+        buffer.warm(sizes_dev, first_row)
     weight = float(summary.radius_weight)
     radii = (summary.radii.reshape(rows, C).to(dev, torch.float32).contiguous()
              if weight else None)
     return PreparedView(
         view=view, centroids=cent, vmean=vmean.to(kv_dtype).reshape(rows, C, D).contiguous(),
-        sizes=sizes.to(dev, torch.int32).contiguous(),
-        first_row=view.offsets[..., :-1].reshape(rows, C).to(dev, torch.int32).contiguous(),
-        keys=keys, values=values, k1=k1.to(dev), k2=k2.to(dev), r_max=r_max,
-        e_max=e_max, max_rows=max_rows, tokens_total=int(view.sizes.sum()), buffer=buffer,
+        sizes=sizes_dev, first_row=first_row, keys=keys, values=values, k1=k1.to(dev),
+        k2=k2.to(dev), r_max=r_max, e_max=e_max, max_rows=max_rows,
+        tokens_total=int(view.sizes.sum()), buffer=buffer,
         radii=radii, radius_weight=weight, code_scales=code_scales,
     )
 

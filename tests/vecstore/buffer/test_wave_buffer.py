@@ -64,6 +64,21 @@ def _expected_exec(zones, keys, row, cached):
     return torch.cat(parts)
 
 
+def _check_slots(buf, sizes, first, keys, values, slot_tokens=12):
+    """Every resident cluster's slot holds its rows, the tables agree, no slot holds a
+    cluster larger than a slot."""
+    for r in range(ROWS):
+        for c in (buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist():
+            s, n = int(buf.slot_of[r, c]), int(sizes[r, c])
+            assert int(buf.owner[r, s]) == c and n <= slot_tokens
+            at = slice(s * slot_tokens, s * slot_tokens + n)
+            assert torch.equal(buf.cache_k[r, at], keys[r, first[r, c]:first[r, c] + n])
+            assert torch.equal(buf.cache_v[r, at], values[r, first[r, c]:first[r, c] + n])
+        held = (buf.owner[r, :buf.num_slots] >= 0).nonzero().flatten().tolist()
+        assert len(held) == int((buf.slot_of[r, :C] >= 0).sum())
+    assert (buf.slot_of[:, C] == -1).all() and (buf.owner[:, buf.num_slots] == -1).all()
+
+
 @pytest.mark.parametrize("lookup_block", [1024, 2])  # 2: the lookup loops over a row
 @interpreted
 def test_execution_buffer_cache_and_admission(monkeypatch, lookup_block):
@@ -87,14 +102,9 @@ def test_execution_buffer_cache_and_admission(monkeypatch, lookup_block):
             assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r, cached[r]))
             assert torch.equal(buf.exec_v[r, :total],
                                _expected_exec(zones, values, r, cached[r]))
-            # every resident cluster's slot holds its rows, and the tables agree
-            for c in (buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist():
-                s, n = int(buf.slot_of[r, c]), int(sizes[r, c])
-                assert int(buf.owner[r, s]) == c and n <= 12
-                assert torch.equal(buf.cache_k[r, s * 12:s * 12 + n],
-                                   keys[r, first[r, c]:first[r, c] + n])
             assert int((buf.slot_of[r, :C] >= 0).sum()) <= 4
             assert int(buf.slot_of[r, 0]) == -1  # the oversized cluster is never cached
+        _check_slots(buf, sizes, first, keys, values)
     st = buf.stats
     assert st.hits + st.misses == sum(len(i) for step in steps for i in step)
     assert st.hit_rows + st.miss_rows == sum(int(sizes[r, c]) for step in steps
@@ -134,3 +144,60 @@ def test_bookkeeper_publishes_a_permutation_of_slots(policy):
     assert bk.applied == 2 and bk.lag == 0
     bk.close()
     bk.close()
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])  # a recency order, and per-row policies
+@interpreted
+def test_warm_places_the_newest_cacheable_clusters_in_free_slots(policy):
+    gen = torch.Generator().manual_seed(3)
+    sizes, first, keys, values = _layout(gen)
+    sizes[0, 36:] = 30  # row 0's four newest are too large for a slot: the next four go
+    first = (torch.cumsum(sizes, 1) - sizes).int()
+    n = int(sizes.sum(1).max())
+    keys, values = torch.randn(ROWS, n, D, generator=gen), torch.randn(ROWS, n, D, generator=gen)
+    buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 30, num_slots=4,
+                     slot_tokens=12, device=torch.device("cpu"), policy=policy)
+    assert buf.warm(sizes, first) == 8
+    cached = [sorted((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
+              for r in range(ROWS)]
+    assert cached == [[32, 33, 34, 35], [36, 37, 38, 39]]
+    _check_slots(buf, sizes, first, keys, values)
+    # oldest placed first in the victim list, the same on the device and from the policy
+    for r in range(ROWS):
+        assert buf.owner[r, buf.victims[r].long()].tolist() == cached[r]
+    buf.bookkeeper.wait()
+    published = buf.bookkeeper.take_victims()
+    assert torch.equal(published, buf.victims.cpu())
+    assert buf.warm(sizes, first) == 0  # nothing free: nothing moves
+    assert buf.stats.hits == buf.stats.misses == 0  # placing is neither
+    # a step over placed clusters hits, and its rows are the clusters' own
+    zones = _zones([[33, 35, 2], [39, 1]], sizes, first, 6)
+    _step(buf, zones)
+    assert (buf.stats.hits, buf.stats.misses) == (3, 2)
+    for r in range(ROWS):
+        hits = [c for c in ([33, 35, 2], [39, 1])[r] if c in cached[r]]
+        total = int(zones.cum[r, zones.count[r]])
+        assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r, set(hits)))
+    _check_slots(buf, sizes, first, keys, values)
+    buf.close()
+
+
+@interpreted
+def test_warm_fills_only_free_slots_and_keeps_what_is_cached():
+    gen = torch.Generator().manual_seed(4)
+    sizes, first, keys, values = _layout(gen)
+    buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=6,
+                     slot_tokens=12, device=torch.device("cpu"), policy="lru")
+    _step(buf, _zones([[3, 5], [7]], sizes, first, 6))  # admitted by a step: 3, 5 and 7
+    assert buf.warm(sizes, first) == 4 + 5
+    for r, kept in enumerate(([3, 5], [7])):
+        cached = sorted((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
+        newest = [c for c in range(C - 1, -1, -1) if c not in kept and sizes[r, c] <= 12]
+        assert cached == sorted(kept + newest[:6 - len(kept)])
+        # the step's clusters are evicted before the placed ones, the oldest placed first
+        order = buf.owner[r, buf.victims[r].long()].tolist()
+        assert order == kept + sorted(newest[:6 - len(kept)])
+    _check_slots(buf, sizes, first, keys, values)
+    buf.bookkeeper.wait()
+    assert torch.equal(buf.bookkeeper.take_victims(), buf.victims.cpu())
+    buf.close()
