@@ -33,6 +33,7 @@ import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, RecordPool, StepRecord
 from vecstore.kernels.exec_layout import ExecLayout
+from vecstore.kernels.slot_scratch import AdmissionScratch
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore.base import MemoryAccount
 
@@ -117,7 +118,8 @@ class WaveBuffer:
         self.device = device
         row_bytes = 2 * dim * keys.element_size()
         self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
-                                 + 4 * (num_clusters + 3 + 2 * (num_slots + 1) + 5 * r_max))
+                                 + 4 * (num_clusters + 3 + 2 * (num_slots + 1) + 5 * r_max)
+                                 + 5 * num_slots)  # the admission's scratch
         if account is not None:  # before allocating: a clear error, not an OOM
             account.charge(self.num_bytes, f"a wave buffer (block cache of {num_slots} slots "
                            f"x {slot_tokens} rows and execution buffer of {exec_rows} rows, "
@@ -135,6 +137,7 @@ class WaveBuffer:
         self.consumed = torch.zeros(rows, num_slots, dtype=torch.bool, **kw)
         self.slot = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.layout = ExecLayout.empty(rows, r_max, device)
+        self._scratch = AdmissionScratch.empty(rows, num_slots, device)
         self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
@@ -192,7 +195,8 @@ class WaveBuffer:
 
         assert self._zones is not None
         plan_admission(self._zones, self.slot, self.victims, self.consumed, self.owner,
-                       self.slot_of, self.admitted, self.evicted, self.slot_tokens)
+                       self.slot_of, self.admitted, self.evicted, self.slot_tokens,
+                       self._scratch)
 
     def admit(self) -> None:
         """Copy the misses :meth:`plan_admission` gave a slot from the execution buffer into

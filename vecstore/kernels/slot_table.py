@@ -16,6 +16,7 @@ import triton.language as tl
 from vecstore.kernels.backend import LazyKernel
 from vecstore.kernels.exec_layout import ExecLayout
 from vecstore.kernels.radix_select import chained, follow
+from vecstore.kernels.slot_scratch import AdmissionScratch
 from vecstore.kernels.zones import Zones
 
 __all__ = ["lookup_slots", "plan_admission"]
@@ -67,26 +68,34 @@ def _admission_kernel(slot_ptr, cum_ptr, count_ptr, ids_ptr, victims_ptr, consum
                       C, S, R_MAX, SLOT_T, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr):
     # one row: misses that fit a slot take the next usable slots of the victim list (usable:
     # not handed out since the list arrived, and held by no hit of the step), in retrieved
-    # order; the slot tables follow. Phases meet through memory, so a barrier between them
+    # order; the slot tables follow. The victim list is read only as far as the misses need
+    # (nowhere at a step of hits only), and mark[slot] (held by a hit of the step) is cleared
+    # where it was set, so a row's cost follows its retrieved clusters, not its slots: a
+    # cache of every cluster has as many slots as the row has clusters. Phases meet through
+    # memory, so a barrier between them
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
     offs_s = tl.arange(0, BLOCK_S)
     offs_r = tl.arange(0, BLOCK_R)
-    for j0 in range(0, S, BLOCK_S):  # mark[slot]: held by a hit of the step
-        tl.store(mark_ptr + row * S + j0 + offs_s, 0, mask=j0 + offs_s < S)
-    tl.debug_barrier()
+    n_need = 0
     for i0 in range(0, R_MAX, BLOCK_R):
         i = i0 + offs_r
-        s = tl.load(slot_ptr + row * R_MAX + i, mask=i < count, other=-1)
-        tl.store(mark_ptr + row * S + s, 1, mask=(i < count) & (s >= 0))
+        valid = i < count
+        s = tl.load(slot_ptr + row * R_MAX + i, mask=valid, other=-1)
+        tl.store(mark_ptr + row * S + s, 1, mask=valid & (s >= 0))
+        size = (tl.load(cum_ptr + row * (R_MAX + 1) + i + 1, mask=valid, other=0)
+                - tl.load(cum_ptr + row * (R_MAX + 1) + i, mask=valid, other=0))
+        n_need += tl.sum((valid & (s < 0) & (size <= SLOT_T)).to(tl.int32), axis=0)
     tl.debug_barrier()
-    n_usable = 0
-    for j0 in range(0, S, BLOCK_S):  # the usable slots in victim order: the free list
-        j = j0 + offs_s
+    n_usable = n_need * 0
+    scanned = n_need * 0
+    while (scanned < S) & (n_usable < n_need):  # the usable slots in victim order
+        j = scanned + offs_s
         usable, v = _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j)
         u = usable.to(tl.int32)
         tl.store(free_ptr + row * S + n_usable + tl.cumsum(u, axis=0) - u, v, mask=usable)
         n_usable += tl.sum(u, axis=0)
+        scanned += BLOCK_S
     tl.debug_barrier()
     n_miss = 0
     for i0 in range(0, R_MAX, BLOCK_R):
@@ -111,14 +120,20 @@ def _admission_kernel(slot_ptr, cum_ptr, count_ptr, ids_ptr, victims_ptr, consum
         tl.store(evicted_ptr + row * R_MAX + i, old, mask=inside)
         n_miss += tl.sum(m, axis=0)
     n_taken = tl.minimum(n_miss, n_usable)
-    n_usable = 0
-    for j0 in range(0, S, BLOCK_S):  # the slots handed out are consumed until a new list
+    n_usable = n_taken * 0
+    for j0 in range(0, scanned, BLOCK_S):  # the slots handed out are consumed until a new list
         j = j0 + offs_s
         usable, _ = _usable(victims_ptr, consumed_ptr, mark_ptr, row, S, j)
         u = usable.to(tl.int32)
         taken = usable & (n_usable + tl.cumsum(u, axis=0) - u < n_taken)
         tl.store(consumed_ptr + row * S + j, 1, mask=taken)
         n_usable += tl.sum(u, axis=0)
+    tl.debug_barrier()
+    for i0 in range(0, R_MAX, BLOCK_R):  # the marks go as they came: the scratch stays zeroed
+        i = i0 + offs_r
+        valid = i < count
+        s = tl.load(slot_ptr + row * R_MAX + i, mask=valid, other=-1)
+        tl.store(mark_ptr + row * S + s, 0, mask=valid & (s >= 0))
 
 
 @triton.jit
@@ -154,7 +169,8 @@ def lookup_slots(zones: Zones, slot_of: torch.Tensor, slot: torch.Tensor, layout
 
 def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
                    consumed: torch.Tensor, owner: torch.Tensor, slot_of: torch.Tensor,
-                   admitted: torch.Tensor, evicted: torch.Tensor, slot_tokens: int) -> None:
+                   admitted: torch.Tensor, evicted: torch.Tensor, slot_tokens: int,
+                   scratch: AdmissionScratch | None = None) -> None:
     """Give the step's misses (``slot < 0``, at most ``slot_tokens`` rows) the next usable
     slots of the victim list ``victims [rows, S]`` and update the slot tables.
 
@@ -163,14 +179,16 @@ def plan_admission(zones: Zones, slot: torch.Tensor, victims: torch.Tensor,
     ``admitted``/``evicted [rows, R]`` (the slot given and the cluster it held, -1 for none),
     ``owner [rows, S + 1]``, ``slot_of [rows, C + 1]`` and marks the positions handed out in
     ``consumed``. One program per row: a launch, where the torch version took about 20 small
-    ops.
+    ops. ``scratch``: the launch's working memory, kept by the caller across steps (it
+    stays zeroed); by default allocated for the call.
     """
     rows, r_max = zones.ids.shape
     num_slots = victims.shape[1]
-    mark = torch.empty(rows, num_slots, dtype=torch.int8, device=slot.device)
-    free = torch.empty(rows, num_slots, dtype=torch.int32, device=slot.device)
+    if scratch is None:
+        scratch = AdmissionScratch.empty(rows, num_slots, slot.device)
     _ADMISSION[(rows,)](
-        slot, zones.cum, zones.count, zones.ids, victims, consumed, owner, slot_of, mark, free,
-        admitted, evicted, slot_of.shape[1] - 1, num_slots, r_max, slot_tokens,
+        slot, zones.cum, zones.count, zones.ids, victims, consumed, owner, slot_of,
+        scratch.mark, scratch.free, admitted, evicted, slot_of.shape[1] - 1, num_slots, r_max,
+        slot_tokens,
         BLOCK_S=min(1024, max(16, triton.next_power_of_2(num_slots))),
         BLOCK_R=min(1024, max(16, triton.next_power_of_2(r_max))))

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.interpreter import interpreted, request_interpreter
+from vecstore.kernels.slot_scratch import AdmissionScratch
 from vecstore.kernels.slot_table import plan_admission
 from vecstore.kernels.zones import Zones
 
@@ -67,12 +68,17 @@ def test_plan_admission_follows_the_rules(rows, num_clusters, num_slots, width, 
     want_owner, want_slot_of, want_consumed = owner.copy(), slot_of.copy(), consumed.copy()
     want = _admission_reference(slot, size, z.ids.numpy(), z.count.numpy(), victims,
                                 want_consumed, want_owner, want_slot_of, tokens)
-    got = [torch.from_numpy(a.copy()) for a in (slot, victims, consumed, owner, slot_of)]
-    admitted = torch.empty(rows, width, dtype=torch.int32)
-    evicted = torch.empty(rows, width, dtype=torch.int32)
-    plan_admission(z, *got, admitted, evicted, tokens)
-    assert np.array_equal(admitted.numpy(), want[0])
-    assert np.array_equal(evicted.numpy(), want[1])
-    assert np.array_equal(got[2].numpy(), want_consumed)
-    assert np.array_equal(got[3].numpy(), want_owner)
-    assert np.array_equal(got[4].numpy(), want_slot_of)
+    # a scratch kept across launches, as a wave buffer keeps it: the first launch over a
+    # copy of the inputs must leave it as it found it (zeroed marks) for the second
+    scratch = AdmissionScratch.empty(rows, num_slots, torch.device("cpu"))
+    for _ in range(2):
+        got = [torch.from_numpy(a.copy()) for a in (slot, victims, consumed, owner, slot_of)]
+        admitted = torch.empty(rows, width, dtype=torch.int32)
+        evicted = torch.empty(rows, width, dtype=torch.int32)
+        plan_admission(z, *got, admitted, evicted, tokens, scratch)
+        assert not scratch.mark.any()
+        assert np.array_equal(admitted.numpy(), want[0])
+        assert np.array_equal(evicted.numpy(), want[1])
+        assert np.array_equal(got[2].numpy(), want_consumed)
+        assert np.array_equal(got[3].numpy(), want_owner)
+        assert np.array_equal(got[4].numpy(), want_slot_of)
