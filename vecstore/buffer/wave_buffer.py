@@ -6,10 +6,10 @@ Per step, after the retrieved clusters are chosen (:class:`~vecstore.kernels.zon
    (hits and misses per (sequence, KV head) row, no host round trip) and lays out the
    execution buffer: a row's hits first (rows ``0:split``), then its misses
    (``split:total``).
-2. :meth:`WaveBuffer.fill_hits` copies hits from their cache slots, and
-   :meth:`WaveBuffer.fill_misses` copies misses from the KV rows in pinned host memory on a
-   side CUDA stream, so that the execution buffer holds every retrieved row contiguously.
-   The executor attends the hits while the misses are copied.
+2. :meth:`WaveBuffer.map_hits` maps the hits' places to their cache rows (``hit_map``: the
+   executor reads hits in place, nothing is copied), and :meth:`WaveBuffer.fill_misses`
+   copies misses from the KV rows in pinned host memory into the execution buffer on a
+   side CUDA stream. The executor attends the hits while the misses are copied.
 3. :meth:`WaveBuffer.plan_admission` gives misses the next usable slots of the victim list,
    and :meth:`WaveBuffer.admit` copies them into the cache from the execution buffer once
    they have arrived: no cluster crosses PCIe twice. Clusters larger than a slot are never
@@ -118,7 +118,8 @@ class WaveBuffer:
         self.device = device
         row_bytes = 2 * dim * keys.element_size()
         self.num_bytes = rows * (row_bytes * (num_slots * slot_tokens + exec_rows)
-                                 + 4 * (num_clusters + 3 + 2 * (num_slots + 1) + 5 * r_max)
+                                 + 4 * (num_clusters + 3 + 2 * (num_slots + 1) + 5 * r_max
+                                        + exec_rows)  # the hit map
                                  + 5 * num_slots)  # the admission's scratch
         if account is not None:  # before allocating: a clear error, not an OOM
             account.charge(self.num_bytes, f"a wave buffer (block cache of {num_slots} slots "
@@ -130,6 +131,7 @@ class WaveBuffer:
         self.cache_v = torch.empty_like(self.cache_k)
         self.exec_k = torch.empty(rows, exec_rows, dim, dtype=keys.dtype, **kw)
         self.exec_v = torch.empty_like(self.exec_k)
+        self.hit_map = torch.zeros(rows, exec_rows, dtype=torch.int32, **kw)
         i32 = torch.int32
         self.slot_of = torch.full((rows, num_clusters + 1), -1, dtype=i32, **kw)  # col C: dump
         self.owner = torch.full((rows, num_slots + 1), -1, dtype=i32, **kw)  # col S: dump
@@ -156,13 +158,12 @@ class WaveBuffer:
         self._zones = zones
         lookup_slots(zones, self.slot_of, self.slot, self.layout, self._counts)
 
-    def fill_hits(self) -> None:
-        """Copy hits from their slots into the execution buffer (current stream)."""
-        from vecstore.kernels.cluster_copy import copy_clusters
+    def map_hits(self) -> None:
+        """Map each hit's places in the execution buffer (``0:split`` of a row) to its rows
+        in the cache, ``hit_map`` (current stream): the hits are read where they are."""
+        from vecstore.kernels.hit_map import map_hits
 
-        assert self._zones is not None
-        copy_clusters(1, self.layout, self.slot, None, self.cache_k, self.cache_v,
-                      self.exec_k, self.exec_v, self.slot_tokens)
+        map_hits(self.layout, self.slot, self.hit_map, self.slot_tokens)
 
     def fill_misses(self) -> None:
         """Copy misses from host memory into the execution buffer, on the copy stream."""
@@ -204,7 +205,7 @@ class WaveBuffer:
         :meth:`lookup`."""
         from vecstore.kernels.cluster_copy import copy_clusters
 
-        copy_clusters(2, self.layout, self.admitted, None, self.exec_k, self.exec_v,
+        copy_clusters(1, self.layout, self.admitted, None, self.exec_k, self.exec_v,
                       self.cache_k, self.cache_v, self.slot_tokens)
 
     def _copy_misses(self) -> None:

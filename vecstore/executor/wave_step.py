@@ -146,12 +146,12 @@ def attend_offloaded(streams: StreamPool, buf: WaveBuffer, zones: Zones, q: torc
                      scale: float, parts: tuple[torch.Tensor, torch.Tensor],
                      softcap: float | None = None) -> torch.cuda.Stream | None:
     """The retrieved zone of an offloaded view, on the current stream: the block cache's
-    lookup, hits and misses copied into the execution buffer, attention over the hits while
-    the misses cross PCIe, then over the misses. The admission runs on a stream of its own:
-    its bookkeeping (it reads the lookup, and hits never lose their slots) while the hits and
-    misses are copied, its copy of the admitted rows into the cache after the attention over
-    the misses, beside the merge (returned: the caller joins it). ``softcap`` soft-caps the
-    scores (``None``: no cap)."""
+    lookup, the misses copied into the execution buffer, attention over the hits (read in
+    their cache slots) while the misses cross PCIe, then over the misses. The admission
+    runs on a stream of its own: its bookkeeping (it reads the lookup, and hits never lose
+    their slots) while the misses are copied, its copy of the admitted rows into the cache
+    after the attention over the misses, beside the merge (returned: the caller joins it).
+    ``softcap`` soft-caps the scores (``None``: no cap)."""
     from vecstore.kernels.retrieved_attention import attend_retrieved, retrieved_layout
 
     current = torch.cuda.current_stream(q.device) if q.device.type == "cuda" else None
@@ -162,10 +162,10 @@ def attend_offloaded(streams: StreamPool, buf: WaveBuffer, zones: Zones, q: torc
     with on(admit):
         buf.plan_admission()
     buf.fill_misses()
-    buf.fill_hits()
+    buf.map_hits()
     split = buf.layout.split
-    attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts, 0, split=split,
-                     softcap=softcap)
+    attend_retrieved(q, buf.cache_k, buf.cache_v, zones, buf.hit_map, scale, parts, 0,
+                     split=split, softcap=softcap)
     buf.wait_misses()
     attend_retrieved(q, buf.exec_k, buf.exec_v, zones, None, scale, parts,
                      retrieved_layout(buf.exec_k.shape[1])[1], split=split,

@@ -1,9 +1,12 @@
-"""The Triton kernel of the wave buffer's cluster copies: whole retrieved clusters moved between
-the KV rows, the execution buffer and the block cache's slots
-(:class:`vecstore.buffer.WaveBuffer`).
+"""The Triton kernel of the wave buffer's cluster copies: whole clusters moved from the KV
+rows into the execution buffer (a step's misses) or the block cache's slots (a new buffer's
+:meth:`~vecstore.buffer.WaveBuffer.warm`), and from the execution buffer into the cache
+(admitted misses) (:class:`vecstore.buffer.WaveBuffer`).
 
 The execution buffer holds a row's hits first, then its misses, each in retrieved order
-(:class:`vecstore.kernels.exec_layout.ExecLayout`). Rows are ``b * Hkv + h``.
+(:class:`vecstore.kernels.exec_layout.ExecLayout`); the hits' places there are only mapped
+to their cache rows (:mod:`vecstore.kernels.hit_map`), never copied. Rows are
+``b * Hkv + h``.
 """
 
 from __future__ import annotations
@@ -36,10 +39,9 @@ def _copy_kernel(
     R_MAX, SRC_ROWS, DST_ROWS, SLOT_T,  # rows from one KV row's block to the next
     MODE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # MODE 0: misses, source rows -> execution buffer; MODE 1: hits, cache slot -> execution
-    # buffer; MODE 2: admitted misses, execution buffer -> cache slot. The execution buffer
-    # holds a row's hits first (place pos), then its misses (split + pos). Program j of a row
-    # copies clusters j, j + programs, ... of it
+    # MODE 0: misses, source rows -> execution buffer (split + pos; a warm's split is 0 and
+    # its pos a slot's first row); MODE 1: admitted misses, execution buffer -> cache slot.
+    # Program j of a row copies clusters j, j + programs, ... of it
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
     split = tl.load(split_ptr + row)
@@ -53,9 +55,6 @@ def _copy_kernel(
             if MODE == 0:
                 src0 = row * SRC_ROWS + tl.load(src_start_ptr + row * R_MAX + i)
                 dst0 = row * DST_ROWS + split + p0
-            elif MODE == 1:
-                src0 = (row * (SRC_ROWS // SLOT_T) + slot) * SLOT_T
-                dst0 = row * DST_ROWS + p0
             else:
                 src0 = row * SRC_ROWS + split + p0
                 dst0 = (row * (DST_ROWS // SLOT_T) + slot) * SLOT_T
@@ -76,17 +75,16 @@ _COPY = LazyKernel(_copy_kernel)
 def copy_clusters(mode: int, layout: ExecLayout, slot: torch.Tensor,
                   src_start: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
                   dst_k: torch.Tensor, dst_v: torch.Tensor, slot_tokens: int) -> None:
-    """Move whole retrieved clusters between the tiers: a program per cluster, except for
-    misses, which ``_MISS_PROGRAMS_PER_SM`` programs per SM copy in turn (so the loads waiting
-    on PCIe leave SMs to the hits copy and the bookkeeping).
+    """Move whole clusters between the tiers: a program per cluster, except for misses,
+    which ``_MISS_PROGRAMS_PER_SM`` programs per SM copy in turn (so the loads waiting on
+    PCIe leave SMs to the attention over the hits and the bookkeeping).
 
     ``mode`` 0 copies misses (``slot < 0``) from the KV rows ``src [rows, N, D]`` (GPU or
     pinned host memory, read zero-copy; cluster ``i`` of a row starts at row
-    ``src_start [rows, R]``) to the execution buffer ``dst [rows, M, D]``; 1 copies hits
-    (``slot >= 0``) from the cache ``src [rows, S * T, D]`` to the execution buffer; 2
-    copies clusters given a slot from the execution buffer ``src`` to the cache ``dst``.
-    ``slot`` is ``[rows, R]`` int32; ``layout`` places each cluster in the execution
-    buffer.
+    ``src_start [rows, R]``) to ``dst [rows, M, D]`` at row ``split + pos`` (the execution
+    buffer); 1 copies clusters given a slot (``slot >= 0``) from the execution buffer
+    ``src`` to the cache ``dst [rows, S * T, D]``. ``slot`` is ``[rows, R]`` int32;
+    ``layout`` places each cluster in the execution buffer.
     """
     rows, r_max = slot.shape
     programs = r_max

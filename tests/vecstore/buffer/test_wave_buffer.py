@@ -44,7 +44,7 @@ def _step(buf, zones):
     buf.begin_step()
     buf.lookup(zones)
     buf.fill_misses()
-    buf.fill_hits()
+    buf.map_hits()
     buf.plan_admission()
     buf.wait_misses()
     buf.admit()
@@ -52,7 +52,16 @@ def _step(buf, zones):
     buf.bookkeeper.wait()
 
 
-def _expected_exec(zones, keys, row, cached):
+def _served(buf, row, total, *, values=False):
+    """The rows a step's retrieved attention reads for ``row``: its hits in their cache
+    slots through the hit map (positions ``0:split``), then its misses in the execution
+    buffer."""
+    cache, exec_rows = (buf.cache_v, buf.exec_v) if values else (buf.cache_k, buf.exec_k)
+    split = int(buf.layout.split[row])
+    return torch.cat([cache[row, buf.hit_map[row, :split].long()], exec_rows[row, split:total]])
+
+
+def _expected_served(zones, keys, row, cached):
     """The row's retrieved clusters' KV rows, hits (clusters in ``cached``) first, then
     misses, each in retrieved order."""
     n = int(zones.count[row])
@@ -99,9 +108,9 @@ def test_execution_buffer_cache_and_admission(monkeypatch, lookup_block):
             total = int(zones.cum[r, zones.count[r]])
             hit_rows = sum(int(sizes[r, c]) for c in ids[r] if c in cached[r])
             assert int(buf.layout.split[r]) == hit_rows
-            assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r, cached[r]))
-            assert torch.equal(buf.exec_v[r, :total],
-                               _expected_exec(zones, values, r, cached[r]))
+            assert torch.equal(_served(buf, r, total), _expected_served(zones, keys, r, cached[r]))
+            assert torch.equal(_served(buf, r, total, values=True),
+                               _expected_served(zones, values, r, cached[r]))
             assert int((buf.slot_of[r, :C] >= 0).sum()) <= 4
             assert int(buf.slot_of[r, 0]) == -1  # the oversized cluster is never cached
         _check_slots(buf, sizes, first, keys, values)
@@ -177,7 +186,7 @@ def test_warm_places_the_newest_cacheable_clusters_in_free_slots(policy):
     for r in range(ROWS):
         hits = [c for c in ([33, 35, 2], [39, 1])[r] if c in cached[r]]
         total = int(zones.cum[r, zones.count[r]])
-        assert torch.equal(buf.exec_k[r, :total], _expected_exec(zones, keys, r, set(hits)))
+        assert torch.equal(_served(buf, r, total), _expected_served(zones, keys, r, set(hits)))
     _check_slots(buf, sizes, first, keys, values)
     buf.close()
 
