@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.interpreter import interpreted, request_interpreter
 from vecstore import Store, StoreConfig
 from vecstore.errors import ConfigError
 from vecstore.executor import base as executor_base
@@ -12,6 +13,8 @@ from vecstore.executor.base import build_executor
 from vecstore.executor.numba_exec import NumbaExecutor
 from vecstore.executor.torch_ref import TorchExecutor
 from vecstore.executor.wave_exec import WaveExecutor
+
+request_interpreter()  # a prepared offloaded view fills its block cache with a Triton kernel
 
 
 def test_wave_executor_takes_the_configured_block_cache():
@@ -22,6 +25,7 @@ def test_wave_executor_takes_the_configured_block_cache():
         assert (ex.cache_policy, ex.cache_capacity, ex.device) == ("fifo", 0.1, "cpu")
 
 
+@interpreted
 def test_wave_buffers_charge_the_stores_gpu_account():
     # the store builds its executor with its accounts; a buffer the executor builds for an
     # offloaded view (simulated on the CPU) charges the account of its device first
