@@ -129,13 +129,17 @@ class PolicyBookkeeper:
         self._lock = threading.Lock()
         self._published: torch.Tensor | None = None
         self._pending: list[Future[None]] = []
+        self._submitted = 0
         self.applied = 0
+        self.published = 0
 
     def submit(self, record: StepRecord) -> Future[None]:
         """Apply ``record`` on the worker (records are applied in submission order)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="vecstore-policy")
         self._pending = [f for f in self._pending if not f.done()]
+        with self._lock:
+            self._submitted += 1
         fut = self._executor.submit(self._apply, record)
         self._pending.append(fut)
         return fut
@@ -146,7 +150,11 @@ class PolicyBookkeeper:
         return sum(not f.done() for f in self._pending)
 
     def take_victims(self) -> torch.Tensor | None:
-        """The newest published ``[rows, num_slots]`` int32 victim list, once; else ``None``."""
+        """The newest published ``[rows, num_slots]`` int32 victim list, once; else ``None``.
+
+        A record applied while a later one waits publishes nothing (``published`` counts
+        the lists that were): when the worker falls behind, as where a row has thousands of
+        slots, it skips the copies into pinned memory no step would install."""
         with self._lock:
             out, self._published = self._published, None
         return out
@@ -173,12 +181,17 @@ class PolicyBookkeeper:
             victims = self._recency.apply(slot, admitted, rec.count.numpy())
         else:
             victims = self._apply_policies(ids, slot, admitted, evicted, rec.count.tolist())
+        with self._lock:
+            self.applied += 1
+            newer = self._submitted > self.applied
+        if newer:  # a later record is queued: only the newest list is ever installed
+            return
         out = torch.from_numpy(victims)
         if torch.cuda.is_available():
             out = out.pin_memory()
         with self._lock:
             self._published = out
-            self.applied += 1
+            self.published += 1
 
     def _apply_policies(self, ids: np.ndarray, slot: np.ndarray, admitted: np.ndarray,
                         evicted: np.ndarray, counts: list[int]) -> np.ndarray:

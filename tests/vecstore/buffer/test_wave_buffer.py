@@ -210,3 +210,35 @@ def test_warm_fills_only_free_slots_and_keeps_what_is_cached():
     buf.bookkeeper.wait()
     assert torch.equal(buf.bookkeeper.take_victims(), buf.victims.cpu())
     buf.close()
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_a_lagging_worker_publishes_only_the_newest_victim_list(policy):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    def t(*v):
+        return torch.tensor([list(v)], dtype=torch.int32)
+
+    records = [StepRecord(t(4, 5, 6), t(-1, -1, -1), t(0, 1, 2), t(-1, -1, -1),
+                          torch.tensor([3]), None),
+               StepRecord(t(4, 9, 0), t(0, -1, -1), t(-1, 1, -1), t(-1, 5, -1),
+                          torch.tensor([2]), None),
+               StepRecord(t(6, 7, 0), t(2, -1, -1), t(-1, 0, -1), t(-1, 4, -1),
+                          torch.tensor([2]), None)]
+    steady = PolicyBookkeeper(1, 3, policy)
+    for rec in records:  # applied one at a time: each list published
+        steady.submit(rec).result()
+    assert steady.published == 3
+    worker = ThreadPoolExecutor(1)
+    gate = threading.Event()
+    worker.submit(gate.wait)  # the worker is busy while the three records queue up
+    lagging = PolicyBookkeeper(1, 3, policy, executor=worker)
+    for rec in records:
+        lagging.submit(rec)
+    gate.set()
+    lagging.wait()
+    assert lagging.applied == 3 and lagging.published == 1
+    assert torch.equal(lagging.take_victims(), steady.take_victims())
+    steady.close()
+    worker.shutdown()
