@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, RecordPool, StepRecord
+from vecstore.errors import InvalidValueError
 from vecstore.kernels.exec_layout import ExecLayout
 from vecstore.kernels.slot_scratch import AdmissionScratch
 from vecstore.kernels.zones import Zones
@@ -216,6 +217,57 @@ class WaveBuffer:
                       self.values, self.exec_k, self.exec_v, self.slot_tokens)
 
     # -- filling the cache before the first step ------------------------------------------
+    def can_take_over(self, old: WaveBuffer) -> bool:
+        """Whether :meth:`take_over` accepts ``old``: the same rows, slot size and KV layout,
+        and no more clusters or slots than this buffer's."""
+        return ((old.rows, old.slot_tokens, old.cache_k.shape[2], old.cache_k.dtype,
+                 old.device) == (self.rows, self.slot_tokens, self.cache_k.shape[2],
+                                 self.cache_k.dtype, self.device)
+                and old.num_slots <= self.num_slots and old.num_clusters <= self.num_clusters)
+
+    def take_over(self, old: WaveBuffer) -> None:
+        """Hold what ``old`` holds: the buffer of a view this one's extends (the same rows,
+        clusters appended), so a segment flush keeps the cache instead of starting anew.
+
+        ``old``'s cached clusters keep their slots (its slots are this buffer's first
+        ones; their rows are copied on the device, nothing crosses PCIe), the slots added
+        come first in the victim list, then ``old``'s in its order, and the policy sees the
+        kept clusters admitted in that order. The hit and miss counters carry on from
+        ``old``'s. Call it on a new buffer before :meth:`warm` and its first step; ``old``
+        is left as it was (close it after).
+
+        Raises
+        ------
+        InvalidValueError
+            ``old`` has other rows, slot sizes or KV layout, or more clusters or slots.
+        """
+        S0, C0, T = old.num_slots, old.num_clusters, self.slot_tokens
+        if not self.can_take_over(old):
+            raise InvalidValueError(
+                f"take_over: a buffer of {old.rows} rows, {C0} clusters and {S0} slots of "
+                f"{old.slot_tokens} cannot pass its cache to one of {self.rows} rows, "
+                f"{self.num_clusters} clusters and {self.num_slots} slots of {T}")
+        self.cache_k[:, :S0 * T].copy_(old.cache_k)
+        self.cache_v[:, :S0 * T].copy_(old.cache_v)
+        self.slot_of[:, :C0].copy_(old.slot_of[:, :C0])
+        self.owner[:, :S0].copy_(old.owner[:, :S0])
+        added = torch.arange(S0, self.num_slots, dtype=torch.int32, device=self.device)
+        self.victims.copy_(torch.cat([added.expand(self.rows, -1), old.victims], dim=1))
+        self.consumed.zero_()
+        self._counts.copy_(old._counts)
+        # the policy: the kept clusters admitted in the old list's order (evicted first first)
+        held = old.owner.gather(1, old.victims.long())
+        kept = held >= 0
+        order = torch.where(kept, 0, 1).argsort(dim=1, stable=True)
+        ids = held.gather(1, order)
+        slots = old.victims.gather(1, order)
+        count = kept.sum(1).to(torch.int32)
+        valid = torch.arange(S0, device=self.device)[None, :] < count[:, None]
+        none = torch.full((self.rows, S0), -1, dtype=torch.int32)
+        self.bookkeeper.submit(StepRecord(
+            torch.where(valid, ids, -1).cpu(), none, torch.where(valid, slots, -1).cpu(), none,
+            count.cpu(), ready=None))
+
     def warm(self, sizes: torch.Tensor, first_row: torch.Tensor) -> int:
         """Fill each row's free slots with the newest clusters not cached yet, before a
         step needs them, and return how many clusters were placed over all rows.

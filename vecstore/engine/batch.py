@@ -57,11 +57,18 @@ class BatchViews:
         self._placement = placement
         self._cache: dict[int, _Stacked] = {}
         self._retired: list[IndexView] = []
+        self._successions: list[tuple[IndexView, IndexView]] = []
 
     def take_retired(self) -> list[IndexView]:
         """The stacked views replaced or cleared since the last call."""
         retired, self._retired = self._retired, []
         return retired
+
+    def take_successions(self) -> list[tuple[IndexView, IndexView]]:
+        """``(old, new)`` stacked views since the last call where ``new`` is ``old`` grown:
+        the same rows, each with segments appended (its units ``old``'s, then more)."""
+        successions, self._successions = self._successions, []
+        return successions
 
     def clear(self) -> None:
         """Retire every stacked view and return its charges."""
@@ -155,8 +162,11 @@ class BatchViews:
                 rows.keys[b, :, n_old:].copy_(v.keys[0, :, n_old:])
                 rows.values[b, :, n_old:].copy_(v.values[0, :, n_old:])
         self._retired.append(old.view)
-        self._cache[layer] = _Stacked(key, IndexView.stack(views, grown), rows, tier,
-                                      (account, meta), _lineages(states))
+        new = _Stacked(key, IndexView.stack(views, grown), rows, tier, (account, meta),
+                       _lineages(states))
+        assert new.view is not None
+        self._successions.append((old.view, new.view))
+        self._cache[layer] = new
         return True
 
     def _build(self, key: tuple[tuple[int, int], ...], states: list[LayerState],

@@ -62,6 +62,7 @@ class LayerState(TailHolder):
         self._view: IndexView | None = None
         self._image: LayerImage | None = None
         self._retired: list[IndexView] = []
+        self._successions: list[tuple[IndexView, IndexView]] = []
 
     @property
     def num_tokens(self) -> int:
@@ -86,6 +87,13 @@ class LayerState(TailHolder):
         """The index views replaced since the last call, which no query will use again."""
         retired, self._retired = self._retired, []
         return retired
+
+    def take_successions(self) -> list[tuple[IndexView, IndexView]]:
+        """``(old, new)`` views since the last call where ``new`` replaced ``old`` by
+        appending segments: ``old``'s units are ``new``'s first ones, over the same rows
+        (so what an executor prepared for ``old`` can serve ``new``)."""
+        successions, self._successions = self._successions, []
+        return successions
 
     def mark(self) -> LayerMark:
         """The layer as it is now, for :meth:`restore`."""
@@ -146,7 +154,7 @@ class LayerState(TailHolder):
         self._tail.set(pending_keys, pending_values)
         if built:
             self.tail_buffer = None  # the tail is a tensor of its own now
-            self._install(self.segments + built, image)
+            self._install(self.segments + built, image, appended=True)
             built = self.segments[-len(built):]
         return built
 
@@ -174,7 +182,7 @@ class LayerState(TailHolder):
             self._install(self.segments, None, keep=True)
             return
         everything = self.segments + list(segments)
-        self._install(everything, self._place(everything))
+        self._install(everything, self._place(everything), appended=True)
 
     def to(self, device: torch.device) -> None:
         """Move every tensor of the layer to ``device`` (loading it first if lazy).
@@ -282,9 +290,11 @@ class LayerState(TailHolder):
                               self._image, rows)
 
     def _install(self, segments: list[Segment], image: LayerImage | None, *,
-                 keep: bool = False) -> None:
+                 keep: bool = False, appended: bool = False) -> None:
         """Make ``segments`` (or ``image``, their placed form) the layer's and free the old
-        image, unless ``keep`` (it stays charged until the layer is placed again)."""
+        image, unless ``keep`` (it stays charged until the layer is placed again).
+        ``appended``: ``segments`` are the layer's with more appended, so the new view
+        succeeds the old one (:meth:`take_successions`)."""
         old, old_view = self._image, self._view
         if image is not None:
             self.segments, self._view = image.segments, image.view
@@ -296,4 +306,6 @@ class LayerState(TailHolder):
                 old.free(keep_rows=image is not None and image.took_old_rows)
         if old_view is not None and old_view is not self._view and self.placement is not None:
             self._retired.append(old_view)
+            if appended and self._view is not None:
+                self._successions.append((old_view, self._view))
         self.version += 1

@@ -208,7 +208,15 @@ class QueryEngine:
                 release(view)
 
     def retire_replaced(self, states: Iterable[LayerState]) -> None:
-        """Retire the views ``states`` and the batch views replaced since last asked."""
+        """Retire the views ``states`` and the batch views replaced since last asked; where
+        a view was replaced by appending to it, the executor may first hand what it
+        prepared for it to its successor (a wave buffer's cache survives a segment flush)."""
+        hand_over = getattr(self._executor, "hand_over", None)
+        states = list(states)
+        for source in [*states, self._batch_views]:
+            for old, new in source.take_successions():
+                if hand_over is not None:
+                    hand_over(old, new)
         for state in states:
             self.retire(state.take_retired())
         self.retire(self._batch_views.take_retired())
@@ -217,4 +225,5 @@ class QueryEngine:
         """Retire every stacked view, return its budget charges and forget the batch views
         (after a rollback, a drop, or at close)."""
         self._batch_views.clear()
+        self._batch_views.take_successions()  # nothing is handed over to a cleared view
         self.retire(self._batch_views.take_retired())

@@ -24,9 +24,9 @@ from typing import cast
 
 import torch
 
-from vecstore.buffer.wave_buffer import BufferStats
+from vecstore.buffer.wave_buffer import BufferStats, WaveBuffer
 from vecstore.config import LayerConfig, StoreConfig
-from vecstore.errors import ConfigError
+from vecstore.errors import CapacityError, ConfigError
 from vecstore.executor.base import EXECUTORS, Steady
 from vecstore.executor.prepared_views import PreparedViews
 from vecstore.executor.torch_ref import TorchExecutor
@@ -112,6 +112,9 @@ class WaveExecutor:
         self._policy_worker = ThreadPoolExecutor(1, thread_name_prefix="vecstore-policy")
         self.reference = TorchExecutor(device)
         self._prepared: PreparedViews[PreparedView] = PreparedViews(on_drop=_close_buffer)
+        # block caches handed to views that succeed the ones they served (hand_over), by
+        # the successor's id, until it is prepared (they move into its buffer) or released
+        self._heirs: dict[int, tuple[IndexView, WaveBuffer]] = {}
         self._resolved: dict[tuple[str, torch.device, bool], str] = {}
 
     @classmethod
@@ -169,13 +172,52 @@ class WaveExecutor:
 
     # -- preparation ---------------------------------------------------------------------
     def prepare(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
-        """Build (or fetch) the decode-ready form of ``view`` for ``layer``'s budgets."""
-        return self._prepared.get(view, layer, lambda: prepare_view(
-            view, cast(EstimatingIndex, index).summarize(view), layer, index,
-            score_dtype=self.score_dtype, offload=self.simulate_offload,
-            cache_policy=self.cache_policy, cache_capacity=self.cache_capacity,
-            slot_tokens=self.slot_tokens, accounts=self.accounts,
-            policy_worker=self._policy_worker))
+        """Build (or fetch) the decode-ready form of ``view`` for ``layer``'s budgets; an
+        offloaded view handed a block cache (:meth:`hand_over`) takes it over."""
+        def build(heir: WaveBuffer | None) -> PreparedView:
+            return prepare_view(
+                view, cast(EstimatingIndex, index).summarize(view), layer, index,
+                score_dtype=self.score_dtype, offload=self.simulate_offload,
+                cache_policy=self.cache_policy, cache_capacity=self.cache_capacity,
+                slot_tokens=self.slot_tokens, accounts=self.accounts,
+                policy_worker=self._policy_worker, predecessor=heir)
+
+        def build_after(heir: WaveBuffer | None) -> PreparedView:
+            if heir is None:
+                return build(None)
+            try:
+                return build(heir)
+            except CapacityError:  # no room for both caches at once: start anew
+                heir.close()
+                heir = None
+                return build(None)
+            finally:
+                if heir is not None:
+                    heir.close()
+
+        return self._prepared.get(view, layer, lambda: build_after(self._take_heir(view)))
+
+    def hand_over(self, old: IndexView, new: IndexView) -> None:
+        """``new`` replaced ``old`` by appending units to it (a segment flush): the block
+        cache prepared for ``old`` is kept for ``new``, whose buffer takes it over when
+        ``new`` is prepared (the clusters it held stay cached, nothing crosses PCIe again)
+        instead of being freed with ``old`` (the store calls this before
+        :meth:`release_view` of ``old``)."""
+        buffer = self._take_heir(old)  # old was itself handed one, never prepared
+        for prep in self._prepared.values():
+            if prep.view is old and prep.buffer is not None and buffer is None:
+                buffer, prep.buffer = prep.buffer, None
+        if buffer is None:
+            return
+        stale = self._heirs.pop(id(new), None)
+        if stale is not None:
+            stale[1].close()
+        self._heirs[id(new)] = (new, buffer)
+
+    def _take_heir(self, view: IndexView) -> WaveBuffer | None:
+        """The block cache handed to ``view``, now the caller's, or ``None``."""
+        heir = self._heirs.pop(id(view), None)
+        return heir[1] if heir is not None and heir[0] is view else None
 
     def buffer_stats(self) -> BufferStats:
         """The block caches' hits and misses so far, summed over the views this executor
@@ -193,9 +235,12 @@ class WaveExecutor:
         return total
 
     def release_view(self, view: IndexView) -> None:
-        """Forget what was prepared for ``view`` and close its wave buffer (the store calls
-        this when the view is replaced, dropped or closed)."""
+        """Forget what was prepared for ``view`` and close its wave buffer, and a buffer
+        handed to it (the store calls this when the view is replaced, dropped or closed)."""
         self._prepared.release(view)
+        heir = self._take_heir(view)
+        if heir is not None:
+            heir.close()
 
     # -- the step ------------------------------------------------------------------------
     def decode(self, prep: PreparedView, steady: Steady, q: torch.Tensor,

@@ -156,14 +156,17 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
                  score_dtype: torch.dtype | None, offload: bool, cache_policy: str,
                  cache_capacity: float, slot_tokens: int,
                  accounts: Callable[[torch.device], MemoryAccount] | None = None,
-                 policy_worker: Executor | None = None) -> PreparedView:
+                 policy_worker: Executor | None = None,
+                 predecessor: WaveBuffer | None = None) -> PreparedView:
     """The decode-ready form of ``view`` (its units summarized by ``index`` as ``summary``)
     for ``layer``'s budgets: per-row zone sizes, value means, centroids in ``score_dtype``
     (int8 codes and their scales for ``torch.int8``, the KV dtype for ``None``), and a
     :class:`WaveBuffer` (``cache_policy``, ``cache_capacity`` of the clusters, ``slot_tokens``
-    rows a slot; its policy records applied on ``policy_worker``; its slots filled with the
-    newest clusters, :meth:`WaveBuffer.warm`) when the rows are not on the centroids' device
-    or ``offload`` asks for one."""
+    rows a slot; its policy records applied on ``policy_worker``; holding what
+    ``predecessor``, the buffer of a view this one extends, held
+    (:meth:`WaveBuffer.take_over`), its free slots filled with the newest clusters,
+    :meth:`WaveBuffer.warm`) when the rows are not on the centroids' device or ``offload``
+    asks for one. ``predecessor`` is left open."""
     B, H, C = view.sizes.shape
     N, D = view.keys.shape[2:]
     rows = B * H
@@ -196,6 +199,8 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
             num_slots=max(1, math.ceil(cache_capacity * C)),
             slot_tokens=slot_tokens, device=dev, policy=cache_policy,
             account=None if accounts is None else accounts(dev), policy_worker=policy_worker)
+        if predecessor is not None and buffer.can_take_over(predecessor):
+            buffer.take_over(predecessor)
         buffer.warm(sizes_dev, first_row)
     weight = float(summary.radius_weight)
     radii = (summary.radii.reshape(rows, C).to(dev, torch.float32).contiguous()

@@ -7,7 +7,7 @@ import torch
 
 from tests.interpreter import interpreted, request_interpreter
 from vecstore.buffer import PolicyBookkeeper, StepRecord, WaveBuffer
-from vecstore.errors import CapacityError
+from vecstore.errors import CapacityError, InvalidValueError
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore import MemoryAccount
 from vecstore.policies import POLICIES
@@ -242,3 +242,55 @@ def test_a_lagging_worker_publishes_only_the_newest_victim_list(policy):
     assert torch.equal(lagging.take_victims(), steady.take_victims())
     steady.close()
     worker.shutdown()
+
+
+@interpreted
+def test_take_over_keeps_the_old_caches_clusters_in_a_grown_buffer():
+    # the old buffer serves the first 30 clusters of the rows; the new one the same rows
+    # with 10 clusters appended (a segment flush), with more slots
+    gen = torch.Generator().manual_seed(5)
+    sizes, first, keys, values = _layout(gen)
+    old = WaveBuffer(keys, values, num_clusters=30, r_max=6, exec_rows=6 * 20, num_slots=4,
+                     slot_tokens=12, device=torch.device("cpu"), policy="lru")
+    for ids in ([[3, 5, 7], [1, 2]], [[3, 9], [4, 6, 8]]):
+        _step(old, _zones(ids, sizes, first, 6))
+    held = [sorted((old.slot_of[r, :30] >= 0).nonzero().flatten().tolist())
+            for r in range(ROWS)]
+    order = [old.owner[r, old.victims[r].long()].tolist() for r in range(ROWS)]
+    new = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=6,
+                     slot_tokens=12, device=torch.device("cpu"), policy="lru")
+    assert new.can_take_over(old) and not old.can_take_over(new)
+    new.take_over(old)
+    old.close()
+    for r in range(ROWS):
+        assert sorted((new.slot_of[r, :C] >= 0).nonzero().flatten().tolist()) == held[r]
+        # the two slots added are evicted first, then the old ones in the old order
+        assert new.victims[r, :2].tolist() == [4, 5]
+        assert new.owner[r, new.victims[r, 2:].long()].tolist() == order[r]
+    _check_slots(new, sizes, first, keys, values)
+    assert new.stats == old.stats  # the counters carry on
+    # the next step hits what the old buffer held, and a warm then fills only the new slots
+    zones = _zones([[3, 5, 39], [2, 8]], sizes, first, 6)
+    before = new.stats
+    _step(new, zones)
+    hits = [[c for c in ids if c in held[r]] for r, ids in enumerate(([3, 5, 39], [2, 8]))]
+    assert new.stats.hits - before.hits == sum(map(len, hits))
+    for r in range(ROWS):
+        total = int(zones.cum[r, zones.count[r]])
+        assert torch.equal(_served(new, r, total),
+                           _expected_served(zones, keys, r, set(hits[r])))
+    _check_slots(new, sizes, first, keys, values)
+    new.close()
+
+
+def test_take_over_refuses_a_buffer_it_cannot_hold():
+    keys = torch.zeros(ROWS, 100, D)
+    small = WaveBuffer(keys, keys, num_clusters=C, r_max=4, exec_rows=40, num_slots=4,
+                       slot_tokens=8, device=torch.device("cpu"))
+    other = WaveBuffer(keys, keys, num_clusters=C, r_max=4, exec_rows=40, num_slots=4,
+                       slot_tokens=16, device=torch.device("cpu"))
+    with pytest.raises(InvalidValueError, match="cannot pass its cache"):
+        small.take_over(other)
+    assert (small.slot_of == -1).all()  # nothing changed
+    small.close()
+    other.close()
