@@ -8,11 +8,13 @@ synchronised start and end) after a prompt of ``--context`` random tokens, repor
 median step and the slowest ones (the flushes, the first steps), the Triton kernels each step
 compiled (a new specialization in this process: a kernel argument crossing a multiple of 16,
 a block size doubling) and how long each took, and writes a ``cProfile`` of the host's time
-over all steps after the first ``WARMUP``.
+over all steps after the first ``WARMUP``. ``wave-pinned`` rows also give the block caches'
+``hit_rate`` over every step, with ``--cache-capacity`` their size (a flush hands a cache
+to the grown view: at a large capacity, the flush steps show what it saves).
 
     python benchmarks/flush_steps.py [--layers 4] [--batch 8] [--context 16384]
-        [--steps 2200] [--caches wave wave-pinned] [--shape llama-3-8b] [--device cuda]
-        [--out DIR]
+        [--steps 2200] [--caches wave wave-pinned] [--cache-capacity 1.0]
+        [--shape llama-3-8b] [--device cuda] [--out DIR]
 
 Writes ``flush_steps.{json,md}`` and ``flush_steps_profile_<cache>.txt`` under ``--out``
 (default ``benchmarks/results``). Triton's disk cache carries compiled kernels from one run
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
 from benchmarks.e2e import prefill  # noqa: E402
 from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
+from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 
 WARMUP = 5  # steps left out of the profile (the first compiles and captures)
 SLOWEST = 8
@@ -116,13 +119,14 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def run(name: str, model, batch: int, context: int, steps: int,
-        device: torch.device) -> tuple[dict, str]:
+        device: torch.device, cache_capacity: float | None = None) -> tuple[dict, str]:
     """Step times of cache ``name`` (a row) and the profile of its steps after the first
-    :data:`WARMUP`."""
+    :data:`WARMUP` (``cache_capacity``: ``wave-pinned``'s block caches)."""
     gen = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, context), device=device,
                         generator=gen)
-    cache = make_cache(name, model, batch, context + steps + 1)
+    cache = make_cache(name, model, batch, context + steps + 1, cache_capacity=cache_capacity)
+    hit_rate = None
     try:
         step = make_step(name, model, cache)
         nxt = prefill(model, cache, ids, max(1, 16384 // batch)).argmax(-1)
@@ -139,6 +143,9 @@ def run(name: str, model, batch: int, context: int, steps: int,
                 if i >= WARMUP:
                     prof.disable()
                 times.append(time.perf_counter() - t0)
+        executor = cache.store.executor if name == "wave-pinned" else None
+        if isinstance(executor, WaveExecutor):
+            hit_rate = executor.buffer_stats().hit_rate
     finally:
         cache.close()
     median = sorted(times)[len(times) // 2]
@@ -147,6 +154,8 @@ def run(name: str, model, batch: int, context: int, steps: int,
            "slowest": ", ".join(f"{i}: {times[i] * 1e3:.0f}" for i in slow),
            "excess_s": sum(t - median for t in times[WARMUP:]),
            "compiled": log.summary(), "steps": steps, "step_ms": times}
+    if hit_rate is not None:
+        row["hit_rate"] = hit_rate
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
     return row, text.getvalue()
@@ -161,24 +170,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2200)
     parser.add_argument("--caches", nargs="+", default=["wave", "wave-pinned"],
                         choices=["wave", "wave-pinned"])
+    parser.add_argument("--cache-capacity", type=float, default=None,
+                        help="wave-pinned's block caches (cache.capacity; default: the "
+                             "config's)")
     parser.add_argument("--shape", default="llama-3-8b", choices=sorted(MODELS))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.cache_capacity is not None and not 0 < args.cache_capacity <= 1:
+        parser.error("--cache-capacity: must be in (0, 1]")
     device = torch.device(args.device)
     model = build_model(args.layers, args.shape, args.device)
     rows = []
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.caches:
-        row, profile = run(name, model, args.batch, args.context, args.steps, device)
+        row, profile = run(name, model, args.batch, args.context, args.steps, device,
+                           args.cache_capacity)
         (args.out / f"flush_steps_profile_{name}.txt").write_text(profile)
         rows.append(row)
         print({k: v for k, v in row.items() if k != "step_ms"}, flush=True)
     meta = {**machine(), "layers": args.layers, "batch": args.batch, "context": args.context,
-            "shape": args.shape, "warmup": WARMUP,
+            "shape": args.shape, "warmup": WARMUP, "cache_capacity": args.cache_capacity,
             "timing": "each step's wall time between synchronisations (ms)"}
     write_results(args.out, "flush_steps", meta, rows,
-                  ["cache", "median_ms", "excess_s", "slowest", "compiled"],
+                  ["cache", "median_ms", "excess_s", "hit_rate", "slowest", "compiled"],
                   f"Decode steps across segment flushes, {args.layers} layers x {args.batch} x "
                   f"{args.context} tokens, {args.steps} steps (slowest: step: ms; "
                   "compiled: step: Triton kernel, seconds)")

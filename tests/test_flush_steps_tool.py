@@ -24,6 +24,12 @@ def test_flush_steps_times_every_step_and_profiles_the_host(tmp_path):
     assert row["compiled"] == ""  # the CPU's torch fallbacks compile no Triton kernel
 
 
+def test_a_capacity_outside_its_range_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--cache-capacity", "0", "--device", "cpu"])
+    assert "--cache-capacity: must be in (0, 1]" in capsys.readouterr().err
+
+
 def test_compile_log_pairs_triton_hooks_by_step_and_restores_them():
     knobs = pytest.importorskip("triton").knobs
     before = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
