@@ -19,9 +19,11 @@ Per step, after the retrieved clusters are chosen (:class:`~vecstore.kernels.zon
    :meth:`WaveBuffer.begin_step` installs the newest victim list it published.
 
 Steps 1-3 are plain device work of fixed shapes (CUDA-graph capturable), the kernels of
-:mod:`vecstore.kernels.slot_table` and :mod:`vecstore.kernels.cluster_copy` (imported at their
-first launch: ``triton`` is an optional dependency); 4 runs between steps. Rows are
-``b * Hkv + h``.
+:mod:`vecstore.kernels.slot_table`, :mod:`vecstore.kernels.hit_map` and
+:mod:`vecstore.kernels.cluster_copy` (imported at their first launch: ``triton`` is an
+optional dependency); 4 runs between steps. Before its first step a buffer takes over the
+cache of the view its own extends (:meth:`WaveBuffer.take_over`, after a segment flush) and
+fills its free slots (:meth:`WaveBuffer.warm`). Rows are ``b * Hkv + h``.
 """
 
 from __future__ import annotations
