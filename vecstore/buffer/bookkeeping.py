@@ -154,7 +154,9 @@ class PolicyBookkeeper:
 
         A record applied while a later one waits publishes nothing (``published`` counts
         the lists that were): when the worker falls behind, as where a row has thousands of
-        slots, it skips the copies into pinned memory no step would install."""
+        slots, it skips the copies into pinned memory no step would install, and an LRU or
+        FIFO order folds the waiting records in with the newest, in one pass over the
+        slots (:meth:`~vecstore.buffer.recency.RecencyOrder.defer`)."""
         with self._lock:
             out, self._published = self._published, None
         return out
@@ -177,13 +179,16 @@ class PolicyBookkeeper:
             rec.ready.synchronize()
         ids, slot = rec.ids.numpy(), rec.slot.numpy()
         admitted, evicted = rec.admitted.numpy(), rec.evicted.numpy()
-        if self._recency is not None:
+        with self._lock:
+            newer = self._submitted > self.applied + 1
+        if self._recency is not None and newer:  # folded with the newest, at once
+            self._recency.defer(slot, admitted, rec.count.numpy())
+        elif self._recency is not None:
             victims = self._recency.apply(slot, admitted, rec.count.numpy())
         else:
             victims = self._apply_policies(ids, slot, admitted, evicted, rec.count.tolist())
         with self._lock:
             self.applied += 1
-            newer = self._submitted > self.applied
         if newer:  # a later record is queued: only the newest list is ever installed
             return
         out = torch.from_numpy(victims)

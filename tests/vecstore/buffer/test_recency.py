@@ -65,3 +65,33 @@ def test_recency_order_equals_the_policies(policy, rows, num_slots, num_clusters
         victims = got.numpy()
     fast.close()
     slow.close()
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo"])
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 3), num_slots=st.integers(1, 10), steps=st.integers(1, 8),
+       width=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_deferred_steps_fold_as_if_applied_in_turn(policy, rows, num_slots, steps, width,
+                                                   seed):
+    from vecstore.buffer.recency import RecencyOrder
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for _ in range(steps):
+        # entries past a row's count are noise; a slot is used at most once a step
+        slot = rng.integers(-1, num_slots, size=(rows, width)).astype(np.int32)
+        admitted = rng.integers(-1, num_slots, size=(rows, width)).astype(np.int32)
+        count = rng.integers(0, min(width, num_slots) + 1, size=rows)
+        for r in range(rows):
+            used = rng.permutation(num_slots)[:count[r]]
+            hit = rng.random(count[r]) < 0.5
+            slot[r, :count[r]] = np.where(hit, used, -1)
+            admitted[r, :count[r]] = np.where(hit, -1, used)
+        records.append((slot, admitted, count))
+    in_turn, deferred = RecencyOrder(rows, num_slots, policy), RecencyOrder(rows, num_slots,
+                                                                             policy)
+    want = [in_turn.apply(*rec) for rec in records][-1]
+    for rec in records[:-1]:
+        deferred.defer(*rec)
+    assert np.array_equal(deferred.apply(*records[-1]), want)
+    assert np.array_equal(deferred.apply(*records[0]), in_turn.apply(*records[0]))
