@@ -22,8 +22,8 @@ Steps 1-3 are plain device work of fixed shapes (CUDA-graph capturable), the ker
 :mod:`vecstore.kernels.slot_table`, :mod:`vecstore.kernels.hit_map` and
 :mod:`vecstore.kernels.cluster_copy` (imported at their first launch: ``triton`` is an
 optional dependency); 4 runs between steps. Before its first step a buffer takes over the
-cache of the view its own extends (:meth:`WaveBuffer.take_over`, after a segment flush) and
-fills its free slots (:meth:`WaveBuffer.warm`). Rows are ``b * Hkv + h``.
+cache of the view its own extends (after a segment flush) and fills its free slots
+(:mod:`vecstore.buffer.cache_fill`). Rows are ``b * Hkv + h``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import torch
 
 from vecstore.buffer.bookkeeping import PolicyBookkeeper, RecordPool, StepRecord
-from vecstore.errors import InvalidValueError
 from vecstore.kernels.exec_layout import ExecLayout
 from vecstore.kernels.slot_scratch import AdmissionScratch
 from vecstore.kernels.zones import Zones
@@ -145,7 +144,8 @@ class WaveBuffer:
         self._scratch = AdmissionScratch.empty(rows, num_slots, device)
         self.admitted = torch.full((rows, r_max), -1, dtype=i32, **kw)
         self.evicted = torch.full((rows, r_max), -1, dtype=i32, **kw)
-        self._counts = torch.zeros(4, dtype=torch.int64, **kw)  # hits, misses, hit/miss rows
+        # hits, misses, hit rows, miss rows on the device (stats reads them)
+        self.counts = torch.zeros(4, dtype=torch.int64, **kw)
         self.bookkeeper = PolicyBookkeeper(rows, num_slots, policy, executor=policy_worker)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._misses_done: torch.cuda.Event | None = None
@@ -159,7 +159,7 @@ class WaveBuffer:
         from vecstore.kernels.slot_table import lookup_slots
 
         self._zones = zones
-        lookup_slots(zones, self.slot_of, self.slot, self.layout, self._counts)
+        lookup_slots(zones, self.slot_of, self.slot, self.layout, self.counts)
 
     def map_hits(self) -> None:
         """Map each hit's places in the execution buffer (``0:split`` of a row) to its rows
@@ -218,120 +218,6 @@ class WaveBuffer:
         copy_clusters(0, self.layout, self.slot, self._zones.first_row, self.keys,
                       self.values, self.exec_k, self.exec_v, self.slot_tokens)
 
-    # -- filling the cache before the first step ------------------------------------------
-    def can_take_over(self, old: WaveBuffer) -> bool:
-        """Whether :meth:`take_over` accepts ``old``: the same rows, slot size and KV layout,
-        and no more clusters or slots than this buffer's."""
-        return ((old.rows, old.slot_tokens, old.cache_k.shape[2], old.cache_k.dtype,
-                 old.device) == (self.rows, self.slot_tokens, self.cache_k.shape[2],
-                                 self.cache_k.dtype, self.device)
-                and old.num_slots <= self.num_slots and old.num_clusters <= self.num_clusters)
-
-    def take_over(self, old: WaveBuffer) -> None:
-        """Hold what ``old`` holds: the buffer of a view this one's extends (the same rows,
-        clusters appended), so a segment flush keeps the cache instead of starting anew.
-
-        ``old``'s cached clusters keep their slots (its slots are this buffer's first
-        ones; their rows are copied on the device, nothing crosses PCIe), the slots added
-        come first in the victim list, then ``old``'s in its order, and the policy sees the
-        kept clusters admitted in that order. The hit and miss counters carry on from
-        ``old``'s. Call it on a new buffer before :meth:`warm` and its first step; ``old``
-        is left as it was (close it after).
-
-        Raises
-        ------
-        InvalidValueError
-            ``old`` has other rows, slot sizes or KV layout, or more clusters or slots.
-        """
-        S0, C0, T = old.num_slots, old.num_clusters, self.slot_tokens
-        if not self.can_take_over(old):
-            raise InvalidValueError(
-                f"take_over: a buffer of {old.rows} rows, {C0} clusters and {S0} slots of "
-                f"{old.slot_tokens} cannot pass its cache to one of {self.rows} rows, "
-                f"{self.num_clusters} clusters and {self.num_slots} slots of {T}")
-        self.cache_k[:, :S0 * T].copy_(old.cache_k)
-        self.cache_v[:, :S0 * T].copy_(old.cache_v)
-        self.slot_of[:, :C0].copy_(old.slot_of[:, :C0])
-        self.owner[:, :S0].copy_(old.owner[:, :S0])
-        added = torch.arange(S0, self.num_slots, dtype=torch.int32, device=self.device)
-        self.victims.copy_(torch.cat([added.expand(self.rows, -1), old.victims], dim=1))
-        self.consumed.zero_()
-        self._counts.copy_(old._counts)
-        # the policy: the kept clusters admitted in the old list's order (evicted first first)
-        held = old.owner.gather(1, old.victims.long())
-        kept = held >= 0
-        order = torch.where(kept, 0, 1).argsort(dim=1, stable=True)
-        ids = held.gather(1, order)
-        slots = old.victims.gather(1, order)
-        count = kept.sum(1).to(torch.int32)
-        valid = torch.arange(S0, device=self.device)[None, :] < count[:, None]
-        none = torch.full((self.rows, S0), -1, dtype=torch.int32)
-        self.bookkeeper.submit(StepRecord(
-            torch.where(valid, ids, -1).cpu(), none, torch.where(valid, slots, -1).cpu(), none,
-            count.cpu(), ready=None))
-
-    def warm(self, sizes: torch.Tensor, first_row: torch.Tensor) -> int:
-        """Fill each row's free slots with the newest clusters not cached yet, before a
-        step needs them, and return how many clusters were placed over all rows.
-
-        A new buffer would otherwise start empty and read every retrieved cluster over
-        PCIe until its steps had admitted them; a long prompt's first decode steps, and
-        those after each segment flush (a new view, a new buffer), paid that. The newest
-        clusters (highest ids: the latest segment's) go first, as the ones a decode step
-        is likeliest to retrieve; clusters larger than a slot are never cached. Rows are
-        read zero-copy from the KV rows (host memory) in one launch per call; the policy
-        sees the placed clusters as admitted, oldest first, and the victim list evicts
-        free slots first, then the placed ones oldest first. Hit and miss counters are
-        unchanged. Device work and one bookkeeping record: call it between steps.
-
-        Parameters
-        ----------
-        sizes, first_row : torch.Tensor
-            ``[rows, C]`` int32 cluster sizes and first KV rows, on the buffer's device.
-        """
-        from vecstore.kernels.cluster_copy import copy_clusters
-
-        rows, C, S, T = self.rows, self.num_clusters, self.num_slots, self.slot_tokens
-        dev, i32 = self.device, torch.int32
-        free = self.owner[:, :S] < 0
-        cand = (self.slot_of[:, :C] < 0) & (sizes > 0) & (sizes <= T)
-        # newest first: a candidate is taken if fewer than the row's free slots are newer
-        newer = cand.flip(1).cumsum(1).flip(1)
-        take = cand & (newer <= free.sum(1, keepdim=True))
-        width = min(S, C)
-        ids = torch.arange(C, device=dev).expand(rows, C)
-        chosen = torch.where(take, ids, C + ids).argsort(dim=1)[:, :width]
-        slots = torch.arange(S, device=dev).expand(rows, S)
-        given = torch.where(free, slots, S + slots).argsort(dim=1)[:, :width]
-        count = take.sum(1).to(i32)
-        valid = torch.arange(width, device=dev)[None, :] < count[:, None]
-        layout = ExecLayout(count, torch.where(valid, sizes.gather(1, chosen), 0).to(i32),
-                            (given * T).to(i32), torch.zeros(rows, dtype=i32, device=dev))
-        copy_clusters(0, layout, torch.full_like(chosen, -1, dtype=i32),
-                      first_row.gather(1, chosen).to(i32), self.keys, self.values,
-                      self.cache_k, self.cache_v, T)
-        # the tables; past a row's count the writes go to the dump columns, reset after
-        self.slot_of.scatter_(1, torch.where(valid, chosen, C),
-                              torch.where(valid, given, -1).to(i32))
-        self.owner.scatter_(1, torch.where(valid, given, S),
-                            torch.where(valid, chosen, -1).to(i32))
-        self.slot_of[:, C] = -1
-        self.owner[:, S] = -1
-        # the victim list: free slots first, then those held before in their order, then
-        # the placed ones in the order they were given (oldest cluster first)
-        placed = torch.zeros(rows, S, dtype=torch.bool, device=dev)
-        placed.scatter_(1, given, valid)
-        held = torch.empty_like(slots)
-        held.scatter_(1, self.victims.long(), slots)  # each slot's place in the old list
-        key = torch.where(placed, 2 * S + slots, torch.where(free, slots, S + held))
-        self.victims.copy_(key.argsort(dim=1))
-        self.consumed.zero_()
-        none = torch.full((rows, width), -1, dtype=i32)
-        self.bookkeeper.submit(StepRecord(chosen.to(i32).cpu(), none,
-                                          torch.where(valid, given, -1).to(i32).cpu(), none,
-                                          count.cpu(), ready=None))
-        return int(count.sum())
-
     # -- between steps (host) ----------------------------------------------------------
     def begin_step(self) -> None:
         """Install the newest victim list the policy worker published, if any."""
@@ -361,12 +247,12 @@ class WaveBuffer:
     @property
     def stats(self) -> BufferStats:
         """Hits and misses so far (synchronises with the device)."""
-        h, m, hr, mr = self._counts.tolist()
+        h, m, hr, mr = self.counts.tolist()
         return BufferStats(hits=h, misses=m, hit_rows=hr, miss_rows=mr)
 
     def reset_stats(self) -> None:
         """Zero the counters (e.g. after warm-up)."""
-        self._counts.zero_()
+        self.counts.zero_()
 
     def close(self) -> None:
         """Stop the policy worker and return the GPU budget; safe to repeat."""

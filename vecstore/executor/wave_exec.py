@@ -174,28 +174,26 @@ class WaveExecutor:
     def prepare(self, view: IndexView, layer: LayerConfig, index: Index) -> PreparedView:
         """Build (or fetch) the decode-ready form of ``view`` for ``layer``'s budgets; an
         offloaded view handed a block cache (:meth:`hand_over`) takes it over."""
-        def build(heir: WaveBuffer | None) -> PreparedView:
-            return prepare_view(
-                view, cast(EstimatingIndex, index).summarize(view), layer, index,
-                score_dtype=self.score_dtype, offload=self.simulate_offload,
-                cache_policy=self.cache_policy, cache_capacity=self.cache_capacity,
-                slot_tokens=self.slot_tokens, accounts=self.accounts,
-                policy_worker=self._policy_worker, predecessor=heir)
-
-        def build_after(heir: WaveBuffer | None) -> PreparedView:
-            if heir is None:
-                return build(None)
+        def build() -> PreparedView:
+            heir = self._take_heir(view)
             try:
-                return build(heir)
-            except CapacityError:  # no room for both caches at once: start anew
-                heir.close()
+                return prepare_view(
+                    view, cast(EstimatingIndex, index).summarize(view), layer, index,
+                    score_dtype=self.score_dtype, offload=self.simulate_offload,
+                    cache_policy=self.cache_policy, cache_capacity=self.cache_capacity,
+                    slot_tokens=self.slot_tokens, accounts=self.accounts,
+                    policy_worker=self._policy_worker, predecessor=heir)
+            except CapacityError:
+                if heir is None:
+                    raise
+                heir.close()  # no room for both caches at once: start anew
                 heir = None
-                return build(None)
+                return build()
             finally:
                 if heir is not None:
                     heir.close()
 
-        return self._prepared.get(view, layer, lambda: build_after(self._take_heir(view)))
+        return self._prepared.get(view, layer, build)
 
     def hand_over(self, old: IndexView, new: IndexView) -> None:
         """``new`` replaced ``old`` by appending units to it (a segment flush): the block

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vecstore.buffer.cache_fill import can_take_over, take_over, warm
 from vecstore.buffer.wave_buffer import WaveBuffer
 from vecstore.config import LayerConfig
 from vecstore.executor.base import Steady
@@ -163,10 +164,9 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
     (int8 codes and their scales for ``torch.int8``, the KV dtype for ``None``), and a
     :class:`WaveBuffer` (``cache_policy``, ``cache_capacity`` of the clusters, ``slot_tokens``
     rows a slot; its policy records applied on ``policy_worker``; holding what
-    ``predecessor``, the buffer of a view this one extends, held
-    (:meth:`WaveBuffer.take_over`), its free slots filled with the newest clusters,
-    :meth:`WaveBuffer.warm`) when the rows are not on the centroids' device or ``offload``
-    asks for one. ``predecessor`` is left open."""
+    ``predecessor``, the buffer of a view this one extends, held, its free slots filled
+    with the newest clusters: :mod:`vecstore.buffer.cache_fill`) when the rows are not on
+    the centroids' device or ``offload`` asks for one. ``predecessor`` is left open."""
     B, H, C = view.sizes.shape
     N, D = view.keys.shape[2:]
     rows = B * H
@@ -199,9 +199,9 @@ def prepare_view(view: IndexView, summary: UnitSummary, layer: LayerConfig, inde
             num_slots=max(1, math.ceil(cache_capacity * C)),
             slot_tokens=slot_tokens, device=dev, policy=cache_policy,
             account=None if accounts is None else accounts(dev), policy_worker=policy_worker)
-        if predecessor is not None and buffer.can_take_over(predecessor):
-            buffer.take_over(predecessor)
-        buffer.warm(sizes_dev, first_row)
+        if predecessor is not None and can_take_over(buffer, predecessor):
+            take_over(buffer, predecessor)
+        warm(buffer, sizes_dev, first_row)
     weight = float(summary.radius_weight)
     radii = (summary.radii.reshape(rows, C).to(dev, torch.float32).contiguous()
              if weight else None)

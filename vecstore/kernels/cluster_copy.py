@@ -1,6 +1,6 @@
 """The Triton kernel of the wave buffer's cluster copies: whole clusters moved from the KV
 rows into the execution buffer (a step's misses) or the block cache's slots (a new buffer's
-:meth:`~vecstore.buffer.WaveBuffer.warm`), and from the execution buffer into the cache
+:func:`~vecstore.buffer.cache_fill.warm`), and from the execution buffer into the cache
 (admitted misses) (:class:`vecstore.buffer.WaveBuffer`).
 
 The execution buffer holds a row's hits first, then its misses, each in retrieved order

@@ -7,6 +7,7 @@ import torch
 
 from tests.interpreter import interpreted, request_interpreter
 from vecstore.buffer import PolicyBookkeeper, StepRecord, WaveBuffer
+from vecstore.buffer.cache_fill import can_take_over, take_over, warm
 from vecstore.errors import CapacityError, InvalidValueError
 from vecstore.kernels.zones import Zones
 from vecstore.kvstore import MemoryAccount
@@ -166,7 +167,7 @@ def test_warm_places_the_newest_cacheable_clusters_in_free_slots(policy):
     keys, values = torch.randn(ROWS, n, D, generator=gen), torch.randn(ROWS, n, D, generator=gen)
     buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 30, num_slots=4,
                      slot_tokens=12, device=torch.device("cpu"), policy=policy)
-    assert buf.warm(sizes, first) == 8
+    assert warm(buf, sizes, first) == 8
     cached = [sorted((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
               for r in range(ROWS)]
     assert cached == [[32, 33, 34, 35], [36, 37, 38, 39]]
@@ -177,7 +178,7 @@ def test_warm_places_the_newest_cacheable_clusters_in_free_slots(policy):
     buf.bookkeeper.wait()
     published = buf.bookkeeper.take_victims()
     assert torch.equal(published, buf.victims.cpu())
-    assert buf.warm(sizes, first) == 0  # nothing free: nothing moves
+    assert warm(buf, sizes, first) == 0  # nothing free: nothing moves
     assert buf.stats.hits == buf.stats.misses == 0  # placing is neither
     # a step over placed clusters hits, and its rows are the clusters' own
     zones = _zones([[33, 35, 2], [39, 1]], sizes, first, 6)
@@ -198,7 +199,7 @@ def test_warm_fills_only_free_slots_and_keeps_what_is_cached():
     buf = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=6,
                      slot_tokens=12, device=torch.device("cpu"), policy="lru")
     _step(buf, _zones([[3, 5], [7]], sizes, first, 6))  # admitted by a step: 3, 5 and 7
-    assert buf.warm(sizes, first) == 4 + 5
+    assert warm(buf, sizes, first) == 4 + 5
     for r, kept in enumerate(([3, 5], [7])):
         cached = sorted((buf.slot_of[r, :C] >= 0).nonzero().flatten().tolist())
         newest = [c for c in range(C - 1, -1, -1) if c not in kept and sizes[r, c] <= 12]
@@ -259,8 +260,8 @@ def test_take_over_keeps_the_old_caches_clusters_in_a_grown_buffer():
     order = [old.owner[r, old.victims[r].long()].tolist() for r in range(ROWS)]
     new = WaveBuffer(keys, values, num_clusters=C, r_max=6, exec_rows=6 * 20, num_slots=6,
                      slot_tokens=12, device=torch.device("cpu"), policy="lru")
-    assert new.can_take_over(old) and not old.can_take_over(new)
-    new.take_over(old)
+    assert can_take_over(new, old) and not can_take_over(old, new)
+    take_over(new, old)
     old.close()
     for r in range(ROWS):
         assert sorted((new.slot_of[r, :C] >= 0).nonzero().flatten().tolist()) == held[r]
@@ -290,7 +291,7 @@ def test_take_over_refuses_a_buffer_it_cannot_hold():
     other = WaveBuffer(keys, keys, num_clusters=C, r_max=4, exec_rows=40, num_slots=4,
                        slot_tokens=16, device=torch.device("cpu"))
     with pytest.raises(InvalidValueError, match="cannot pass its cache"):
-        small.take_over(other)
+        take_over(small, other)
     assert (small.slot_of == -1).all()  # nothing changed
     small.close()
     other.close()
