@@ -86,6 +86,7 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
     out = torch.empty(B * Hq, D, dtype=q.dtype, device=dev)
     lse = torch.empty(B * Hq, dtype=torch.float32, device=dev)
     groups = 1 if buf is not None else pipeline_groups(rows, C)
+    role = "sole" if groups == 1 and buf is None else "select"
     steady_done = torch.cuda.Event() if main is not None else None
     joins = []
     # every group's logits, allocated on the current stream and read on the group's own,
@@ -100,7 +101,7 @@ def decode_step(prep: PreparedView, steady: Steady, q: torch.Tensor, scale: floa
         logits = centroid_logits(qs[x0:x1], cent[r0:r1], radii, prep.sizes[r0:r1], scale,
                                  prep.radius_weight, weights[x0:x1], scales, softcap)
         held.append(logits)
-        sel, side = streams.get(dev, "select", g), streams.get(dev, "side", g)
+        sel, side = streams.get(dev, role, g), streams.get(dev, "side", g)
         if sel is not None:
             sel.wait_stream(main)  # this group's logits; the next group's follow on main
             joins.append(sel)
