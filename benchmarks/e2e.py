@@ -54,7 +54,10 @@ writes, per cache and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` u
 above it is the GPU waiting for the host.
 ``--compile-layers`` runs the decode steps of ``full`` and the wave caches alike with the
 model's decoder layers compiled around their attention
-(:class:`integrations.hf.layer_compile.CompiledLayers`).
+(:class:`integrations.hf.layer_compile.CompiledLayers`). ``--fuse-qkv`` runs every
+layer's query, key and value projections as one GEMM, as serving engines store them
+(:func:`integrations.hf.fused_qkv.fuse_qkv`), for every cache alike. Every step picks its
+next tokens greedily (:func:`benchmarks.e2e_models.greedy`).
 
 Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
@@ -62,7 +65,7 @@ Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
                              [--full-splits 0 2 4 8] [--cache-capacities 0.05 0.25]
-                             [--compile-layers] [--profile]
+                             [--compile-layers] [--fuse-qkv] [--profile]
                              [--profile-prefill]
                              [--out DIR]
                              [--model tiny --device cpu]   (a CPU run, as the tests do)
@@ -87,11 +90,18 @@ from tqdm import tqdm  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, Timer, ceilings, machine  # noqa: E402
-from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
+from benchmarks.e2e_models import (  # noqa: E402
+    MODELS,
+    build_model,
+    greedy,
+    make_cache,
+    make_step,
+)
 from benchmarks.e2e_profile import PROFILE_STEPS, profile_prefill, profile_steps  # noqa: E402
 from benchmarks.e2e_report import CACHES, kv_read_gb, largest, with_ratios, write  # noqa: E402
 from benchmarks.flash_varlen import SPLITS_SUPPORTED  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
+from integrations.hf.fused_qkv import fuse_qkv  # noqa: E402
 from vecstore.config import CacheConfig  # noqa: E402
 from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 
@@ -138,7 +148,7 @@ def run(name: str, model, cache, ids: torch.Tensor, steps: int, chunk: int,
         logits = prefill(model, cache, ids, chunk)
         _sync(device)
     prefill_s = time.perf_counter() - t0
-    nxt = logits.argmax(-1)
+    nxt = greedy(logits[:, -1])
     del logits
     if name != "full" or not SPLITS_SUPPORTED:  # an older PyTorch: its own choice only
         splits = (0,)
@@ -257,6 +267,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="full and wave caches: decode steps run the decoder layers "
                              "compiled around their attention (torch.compile; "
                              "WaveCache(compile_layers=True))")
+    parser.add_argument("--fuse-qkv", action="store_true",
+                        help="run each layer's query, key and value projections as one GEMM "
+                        "(integrations.hf.fused_qkv.fuse_qkv), for every cache alike")
     parser.add_argument("--profile", action="store_true",
                         help="also write a profile of a few decode steps of each cache and batch")
     parser.add_argument("--profile-prefill", action="store_true",
@@ -289,6 +302,8 @@ def main(argv: list[str] | None = None) -> None:
         ceil = ceilings(dev, Timer(dev))
         print("ceilings", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
     model = build_model(args.layers, args.model, args.device)
+    if args.fuse_qkv:
+        fuse_qkv(model)
     gen = torch.Generator(device=dev).manual_seed(0)
     rows: list[dict] = []
     for batch in args.batches:
@@ -318,7 +333,7 @@ def save(args: argparse.Namespace, rows: list[dict], ceil: dict[str, float]) -> 
             "model": f"{args.model} shape, random weights, bf16", "steps": args.steps,
             "warmup_steps": WARMUP_STEPS, "profile_steps": PROFILE_STEPS,
             "layers": args.layers, "prefill_chunk": args.prefill_chunk,
-            "compile_layers": args.compile_layers,
+            "compile_layers": args.compile_layers, "fuse_qkv": args.fuse_qkv,
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default",
             "largest": largest(rows)}
     write(args.out, meta, rows)

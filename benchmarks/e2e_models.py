@@ -8,7 +8,7 @@ import torch
 
 from integrations.hf.cache import cache_kwarg
 
-__all__ = ["MODELS", "build_model", "make_cache", "make_step"]
+__all__ = ["MODELS", "build_model", "make_cache", "make_step", "greedy"]
 
 MODELS = {  # hidden, q heads, KV heads, head dim, MLP, vocab
     "llama-3-8b": (4096, 32, 8, 128, 14336, 128256),
@@ -68,11 +68,31 @@ def make_step(name: str, model, cache, num_splits: int = 0, *, compile_layers: b
         from benchmarks.full_graph import DecodeGraph
 
         graph = DecodeGraph(model, cache, num_splits=num_splits, compile_layers=compile_layers)
-        return lambda nxt: graph(nxt)[:, -1:].argmax(-1)
+        return lambda nxt: greedy(graph(nxt)[:, -1])
     kwarg = cache_kwarg(model)
 
     def step(nxt: torch.Tensor) -> torch.Tensor:
         out = model(input_ids=nxt, use_cache=True, logits_to_keep=1, **{kwarg: cache})
-        return out.logits[:, -1:].argmax(-1)
+        return greedy(out.logits[:, -1])
 
     return step
+
+
+def greedy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """The next token ids ``[B, 1]`` of ``logits [B, V]``: ``logits.argmax(-1)``, as the
+    maxima of ``chunk``-wide pieces and then of those (the first index of the maximum, as
+    ``argmax``). With a few rows one ``argmax`` over a vocabulary runs a handful of blocks:
+    H200, 128,256 tokens at batch 8, 19 us against 40 (``results/projections.md``).
+
+    Examples
+    --------
+    >>> x = torch.tensor([[0.0, 3.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 0.0, 5.0]])
+    >>> greedy(x, chunk=2).tolist()
+    [[1], [0]]
+    """
+    b, v = logits.shape
+    pad = -v % chunk
+    x = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")) if pad else logits
+    val, idx = x.reshape(b, -1, chunk).max(-1)
+    best = val.argmax(-1, keepdim=True)
+    return best * chunk + idx.gather(1, best)

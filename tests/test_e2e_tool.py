@@ -175,12 +175,12 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
     assert (out / "e2e.png").exists()
 
 
-def test_compiled_layers_run_for_full_and_wave_alike(tmp_path):
+def test_compiled_layers_and_fused_projections_run_for_full_and_wave_alike(tmp_path):
     main(["--device", "cpu", "--model", "tiny", "--layers", "2", "--context", "24",
           "--batches", "2", "--steps", "2", "--caches", "full", "wave", "--full-splits", "0",
-          "--compile-layers", "--out", str(tmp_path)])
+          "--compile-layers", "--fuse-qkv", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "e2e.json").read_text())
-    assert result["meta"]["compile_layers"] is True
+    assert result["meta"]["compile_layers"] is True and result["meta"]["fuse_qkv"] is True
     assert not any("error" in r for r in result["rows"]) and len(result["rows"]) == 2
 
 

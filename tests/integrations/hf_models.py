@@ -58,10 +58,10 @@ def arch_model(arch: str, seed: int = 0, **overrides: object) -> PreTrainedModel
     """A tiny random model (2 layers, hidden 64, 4 query / 2 KV heads) of ``arch``."""
     config_cls, model_cls, extra = ARCHITECTURES[arch]
     torch.manual_seed(seed)
-    cfg = getattr(transformers, config_cls)(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
-        bos_token_id=2, max_position_embeddings=1024, **{**extra, **overrides})
+    settings = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                    eos_token_id=1, bos_token_id=2, max_position_embeddings=1024)
+    cfg = getattr(transformers, config_cls)(**{**settings, **extra, **overrides})
     return getattr(transformers, model_cls)(cfg).eval()
 
 

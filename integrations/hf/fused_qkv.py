@@ -1,0 +1,128 @@
+"""One GEMM for a layer's query, key and value projections, in a model left as it is.
+
+A decode step reads every weight once for a few tokens: its projections are
+bandwidth-bound GEMMs, and three small ones reach less of the bandwidth than one of their
+sum (H200, Llama-3-8B's shapes at batch 8: 35 us as three, 22 us as one;
+``benchmarks/results/projections.md``). Serving engines store the three as one matrix.
+:func:`fuse_qkv` does so in a transformers model without touching its attention code:
+the three weights are copied into one matrix and become views of it (the state dict keeps
+its keys and shapes, the memory stays the same), ``q_proj`` runs the one GEMM and leaves
+the key and value columns for ``k_proj`` and ``v_proj``, which hand them over when called
+with the same hidden states, as the attention modules call them (and otherwise compute
+their own). Outputs are those of the separate projections, up to the GEMM's summation
+order.
+
+Fuse after the model is on its device and in its dtype: moving it afterwards gives the
+projections new weights apart from the fused matrix, and the fused GEMM then fails.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from integrations.hf.capabilities import attention_modules
+
+__all__ = ["fuse_qkv", "FusedQuery", "FusedPart"]
+
+
+class _Columns:
+    """The fused matrix of one attention module and the key and value columns its query
+    projection computed last (with the hidden states they came from)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 sizes: list[int]) -> None:
+        self.weight, self.bias, self.sizes = weight, bias, sizes
+        self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+class _Projection(torch.nn.Module):
+    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor,
+                 bias: torch.Tensor | None, columns: _Columns) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = torch.nn.Parameter(weight, requires_grad=linear.weight.requires_grad)
+        self.bias = (torch.nn.Parameter(bias, requires_grad=linear.bias.requires_grad)
+                     if bias is not None else None)
+        self.columns = columns
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, fused")
+
+
+class FusedQuery(_Projection):
+    """``q_proj`` of a fused module: the query, key and value projections in one GEMM; returns
+    the queries and keeps the keys and values for :class:`FusedPart`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = self.columns
+        q, k, v = F.linear(x, cols.weight, cols.bias).split(cols.sizes, -1)
+        cols.pending = (x, k, v)
+        return q
+
+
+class FusedPart(_Projection):
+    """``k_proj`` (``part`` 1) or ``v_proj`` (2) of a fused module: the columns the query
+    projection computed from the same hidden states, else its own GEMM."""
+
+    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor,
+                 bias: torch.Tensor | None, columns: _Columns, part: int) -> None:
+        super().__init__(linear, weight, bias, columns)
+        self.part = part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = self.columns
+        pending = cols.pending
+        if pending is not None and pending[0] is x:
+            if self.part == 2:
+                cols.pending = None  # the last of the three: hold nothing past the layer
+            return pending[self.part]
+        return F.linear(x, self.weight, self.bias)
+
+
+def fuse_qkv(model: torch.nn.Module) -> int:
+    """Run each attention module's ``q_proj``, ``k_proj`` and ``v_proj`` as one GEMM.
+
+    Modules whose three projections are not plain ``nn.Linear`` layers of one input size,
+    dtype and device, all with or all without a bias, are left as they are; so are modules
+    fused already. Returns the number of modules fused.
+
+    Examples
+    --------
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16,
+    ...     intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+    ...     num_key_value_heads=1)).eval()
+    >>> ids = torch.tensor([[1, 2, 3]])
+    >>> before = model(ids).logits
+    >>> fuse_qkv(model), fuse_qkv(model)
+    (2, 0)
+    >>> torch.allclose(model(ids).logits, before, atol=1e-6)
+    True
+    """
+    fused = 0
+    for attn in attention_modules(model):
+        parts = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        if not _fusable(parts):
+            continue
+        with torch.no_grad():
+            weight = torch.cat([p.weight for p in parts])
+            bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+        sizes = [p.out_features for p in parts]
+        cols = _Columns(weight, bias, sizes)
+        weights = weight.split(sizes)
+        biases = bias.split(sizes) if bias is not None else (None,) * 3
+        attn.q_proj = FusedQuery(parts[0], weights[0], biases[0], cols)
+        attn.k_proj = FusedPart(parts[1], weights[1], biases[1], cols, 1)
+        attn.v_proj = FusedPart(parts[2], weights[2], biases[2], cols, 2)
+        fused += 1
+    return fused
+
+
+def _fusable(parts: list) -> bool:
+    if not all(type(p) is torch.nn.Linear for p in parts):
+        return False
+    w = [p.weight for p in parts]
+    return (len({(x.shape[1], x.dtype, x.device) for x in w}) == 1
+            and len({p.bias is None for p in parts}) == 1)
