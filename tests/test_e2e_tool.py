@@ -1,5 +1,5 @@
 """benchmarks/e2e.py: its arguments, its ratios (always against ``full``), the device's busy
-time, and a whole run on the CPU with a tiny model."""
+time, its greedy pick, and a whole run on the CPU with a tiny model."""
 
 from __future__ import annotations
 
@@ -8,11 +8,24 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.e2e import main, parse_args
+from benchmarks.e2e_models import greedy
 from benchmarks.e2e_profile import busy_ms, profile_prefill
 from benchmarks.e2e_report import kv_read_gb, largest, with_ratios
 from benchmarks.flash_varlen import SPLITS_SUPPORTED
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(1, 700), chunk=st.sampled_from([1, 7, 64, 256]),
+       levels=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_the_greedy_pick_is_argmax_ties_to_the_first(rows, vocab, chunk, levels, seed):
+    # few distinct values: ties within and across chunks, and a padded last chunk
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, levels, (rows, vocab), generator=gen).float()
+    assert torch.equal(greedy(logits, chunk), logits.argmax(-1, keepdim=True))
 
 
 def _row(batch, cache, **kw):
