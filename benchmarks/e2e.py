@@ -54,10 +54,11 @@ writes, per cache and batch, ``e2e_profiles/e2e_profile_<cache>_b<batch>.txt`` u
 above it is the GPU waiting for the host.
 ``--compile-layers`` runs the decode steps of ``full`` and the wave caches alike with the
 model's decoder layers compiled around their attention
-(:class:`integrations.hf.layer_compile.CompiledLayers`). ``--fuse-qkv`` runs every
-layer's query, key and value projections as one GEMM, as serving engines store them
-(:func:`integrations.hf.fused_qkv.fuse_qkv`), for every cache alike. Every step picks its
-next tokens greedily (:func:`benchmarks.e2e_models.greedy`).
+(:class:`integrations.hf.layer_compile.CompiledLayers`). Every layer's query, key and
+value projections run as one GEMM, as serving engines store them
+(:func:`integrations.hf.fused_qkv.fuse_qkv`), for every cache alike: the baseline is the
+fastest way to run the model (``--separate-qkv``: the model's own three GEMMs). Every step
+picks its next tokens greedily (:func:`benchmarks.e2e_models.greedy`).
 
 Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
 
@@ -65,7 +66,7 @@ Writes ``e2e.{json,md,png}`` under ``--out`` (default ``benchmarks/results``).
                              [--steps 128] [--prefill-chunk 16384]
                              [--caches full wave wave-pinned dynamic static]
                              [--full-splits 0 2 4 8] [--cache-capacities 0.05 0.25]
-                             [--compile-layers] [--fuse-qkv] [--profile]
+                             [--compile-layers] [--separate-qkv] [--profile]
                              [--profile-prefill]
                              [--out DIR]
                              [--model tiny --device cpu]   (a CPU run, as the tests do)
@@ -267,9 +268,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="full and wave caches: decode steps run the decoder layers "
                              "compiled around their attention (torch.compile; "
                              "WaveCache(compile_layers=True))")
-    parser.add_argument("--fuse-qkv", action="store_true",
-                        help="run each layer's query, key and value projections as one GEMM "
-                        "(integrations.hf.fused_qkv.fuse_qkv), for every cache alike")
+    parser.add_argument("--separate-qkv", dest="fuse_qkv", action="store_false",
+                        help="run each layer's query, key and value projections as the "
+                        "model's own three GEMMs (default: fused into one, "
+                        "integrations.hf.fused_qkv.fuse_qkv, for every cache alike)")
     parser.add_argument("--profile", action="store_true",
                         help="also write a profile of a few decode steps of each cache and batch")
     parser.add_argument("--profile-prefill", action="store_true",

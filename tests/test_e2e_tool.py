@@ -132,7 +132,8 @@ def test_arguments():
     args = parse_args([])
     assert args.caches == ["full", "wave", "wave-pinned", "dynamic"]
     assert (args.layers, args.context, args.batches) == (4, 131072, [1, 8])
-    assert args.full_splits == [0, 2, 4, 8] and not args.profile_prefill
+    assert args.full_splits == [0, 2, 4, 8] and not args.profile_prefill and args.fuse_qkv
+    assert not parse_args(["--separate-qkv"]).fuse_qkv
     args = parse_args(["--layers", "32", "--batches", "1", "2", "3", "4", "--caches", "full",
                        "wave", "wave-pinned", "--steps", "64"])
     assert args.layers == 32 and args.batches == [1, 2, 3, 4] and args.steps == 64
@@ -159,8 +160,10 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
     out = tmp_path / "not" / "yet"  # --profile used to write here before creating it
     main(["--device", "cpu", "--model", "tiny", "--layers", "2", "--context", "24",
           "--batches", "2", "--steps", "2", "--caches", "full", "wave", "dynamic",
-          "--full-splits", "0", "4", "--profile", "--profile-prefill", "--out", str(out)])
+          "--full-splits", "0", "4", "--profile", "--profile-prefill", "--separate-qkv",
+          "--out", str(out)])
     result = json.loads((out / "e2e.json").read_text())
+    assert result["meta"]["fuse_qkv"] is False
     rows = {r["cache"]: r for r in result["rows"]}
     assert set(rows) == {"full", "wave", "dynamic"} and not any("error" in r for r in
                                                                 rows.values())
@@ -191,7 +194,7 @@ def test_a_whole_run_on_the_cpu_writes_results_and_profiles_to_a_new_folder(tmp_
 def test_compiled_layers_and_fused_projections_run_for_full_and_wave_alike(tmp_path):
     main(["--device", "cpu", "--model", "tiny", "--layers", "2", "--context", "24",
           "--batches", "2", "--steps", "2", "--caches", "full", "wave", "--full-splits", "0",
-          "--compile-layers", "--fuse-qkv", "--out", str(tmp_path)])
+          "--compile-layers", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "e2e.json").read_text())
     assert result["meta"]["compile_layers"] is True and result["meta"]["fuse_qkv"] is True
     assert not any("error" in r for r in result["rows"]) and len(result["rows"]) == 2
