@@ -10,7 +10,8 @@ its keys and shapes, the memory stays the same), ``q_proj`` runs the one GEMM an
 the key and value columns for ``k_proj`` and ``v_proj``, which hand them over when called
 with the same hidden states, as the attention modules call them (and otherwise compute
 their own). Outputs are those of the separate projections, up to the GEMM's summation
-order.
+order. It is for inference: where autograd records for weights that require gradients,
+the three GEMMs run apart, so training is unchanged.
 
 Fuse after the model is on its device and in its dtype: moving it afterwards gives the
 projections new weights apart from the fused matrix, and the fused GEMM then fails.
@@ -53,10 +54,17 @@ class _Projection(torch.nn.Module):
 
 class FusedQuery(_Projection):
     """``q_proj`` of a fused module: the query, key and value projections in one GEMM; returns
-    the queries and keeps the keys and values for :class:`FusedPart`."""
+    the queries and keeps the keys and values for :class:`FusedPart`. Where autograd
+    records (gradients enabled for weights that require them), each projection runs its
+    own GEMM, so the gradients reach the three parameters."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cols = self.columns
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            # the fused matrix is not the parameters' graph leaf: gradients must reach
+            # the three parameters, so each runs its own GEMM
+            cols.pending = None
+            return F.linear(x, self.weight, self.bias)
         q, k, v = F.linear(x, cols.weight, cols.bias).split(cols.sizes, -1)
         cols.pending = (x, k, v)
         return q
@@ -95,11 +103,12 @@ def fuse_qkv(model: torch.nn.Module) -> int:
     ...     intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
     ...     num_key_value_heads=1)).eval()
     >>> ids = torch.tensor([[1, 2, 3]])
-    >>> before = model(ids).logits
-    >>> fuse_qkv(model), fuse_qkv(model)
-    (2, 0)
-    >>> torch.allclose(model(ids).logits, before, atol=1e-6)
-    True
+    >>> with torch.no_grad():
+    ...     before = model(ids).logits
+    ...     fused = fuse_qkv(model), fuse_qkv(model)
+    ...     after = model(ids).logits
+    >>> fused, torch.allclose(after, before, atol=1e-6)
+    ((2, 0), True)
     """
     fused = 0
     for attn in attention_modules(model):

@@ -79,6 +79,19 @@ def test_key_and_value_of_other_hidden_states_are_their_own(seed, rows):
             torch.testing.assert_close(getattr(attn, name)(x), F.linear(x, *separate[name]))
 
 
+def test_gradients_reach_the_three_projections_as_unfused():
+    model, ref = arch_model("qwen2", seed=4), arch_model("qwen2", seed=4)
+    fuse_qkv(model)
+    ids = _ids(4)
+    for m in (model, ref):
+        m(ids).logits.square().mean().backward()
+    for name in ("q_proj", "k_proj", "v_proj"):
+        for m, r in zip(attention_modules(model), attention_modules(ref), strict=True):
+            for p in ("weight", "bias"):
+                got = getattr(getattr(m, name), p).grad
+                torch.testing.assert_close(got, getattr(getattr(r, name), p).grad)
+
+
 def test_a_state_dict_loaded_after_fusing_reaches_the_fused_gemm():
     source, model = arch_model("llama3", seed=1), arch_model("llama3", seed=2)
     fuse_qkv(model)
