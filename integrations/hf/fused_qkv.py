@@ -94,7 +94,8 @@ def fuse_qkv(model: torch.nn.Module) -> int:
 
     Modules whose three projections are not plain ``nn.Linear`` layers of one input size,
     dtype and device, all with or all without a bias, are left as they are; so are modules
-    fused already. Returns the number of modules fused.
+    fused already and weights on the ``meta`` device (offloaded by accelerate, loaded at
+    each forward). Returns the number of modules fused.
 
     Examples
     --------
@@ -134,4 +135,5 @@ def _fusable(parts: list) -> bool:
         return False
     w = [p.weight for p in parts]
     return (len({(x.shape[1], x.dtype, x.device) for x in w}) == 1
+            and w[0].device.type != "meta"  # offloaded (accelerate): loaded per forward
             and len({p.bias is None for p in parts}) == 1)

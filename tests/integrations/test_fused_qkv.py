@@ -38,6 +38,13 @@ def test_fused_projections_give_the_model_s_logits_and_keep_its_state_dict(arch)
         torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-5)
 
 
+def test_weights_not_materialised_are_left_as_they_are():
+    with torch.device("meta"):
+        model = arch_model("llama3")
+    assert fuse_qkv(model) == 0
+    assert type(attention_modules(model)[0].q_proj) is torch.nn.Linear
+
+
 def test_one_gemm_a_layer_reads_the_three_projections(monkeypatch):
     model = arch_model("qwen2", intermediate_size=80)  # biased projections; MLP rows apart
     fuse_qkv(model)
