@@ -5,8 +5,9 @@ bandwidth-bound GEMMs, and three small ones reach less of the bandwidth than one
 sum (H200, Llama-3-8B's shapes at batch 8: 35 us as three, 22 us as one;
 ``benchmarks/results/projections.md``). Serving engines store the three as one matrix.
 :func:`fuse_qkv` does so in a transformers model without touching its attention code:
-the three weights are copied into one matrix and become views of it (the state dict keeps
-its keys and shapes, the memory stays the same), ``q_proj`` runs the one GEMM and leaves
+the three weights are copied into one matrix and the parameters become views of it (the
+same parameter objects: the state dict keeps its keys and shapes, the memory stays the
+same), ``q_proj`` runs the one GEMM and leaves
 the key and value columns for ``k_proj`` and ``v_proj``, which hand them over when called
 with the same hidden states, as the attention modules call them (and otherwise compute
 their own). Outputs are those of the separate projections, up to the GEMM's summation
@@ -38,13 +39,12 @@ class _Columns:
 
 
 class _Projection(torch.nn.Module):
-    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor,
-                 bias: torch.Tensor | None, columns: _Columns) -> None:
+    # holds the linear layer's own parameters (their data views of the fused matrix now),
+    # so whatever refers to them (an optimizer, hooks, tied weights) still does
+    def __init__(self, linear: torch.nn.Linear, columns: _Columns) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = torch.nn.Parameter(weight, requires_grad=linear.weight.requires_grad)
-        self.bias = (torch.nn.Parameter(bias, requires_grad=linear.bias.requires_grad)
-                     if bias is not None else None)
+        self.weight, self.bias = linear.weight, linear.bias
         self.columns = columns
 
     def extra_repr(self) -> str:
@@ -74,9 +74,8 @@ class FusedPart(_Projection):
     """``k_proj`` (``part`` 1) or ``v_proj`` (2) of a fused module: the columns the query
     projection computed from the same hidden states, else its own GEMM."""
 
-    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor,
-                 bias: torch.Tensor | None, columns: _Columns, part: int) -> None:
-        super().__init__(linear, weight, bias, columns)
+    def __init__(self, linear: torch.nn.Linear, columns: _Columns, part: int) -> None:
+        super().__init__(linear, columns)
         self.part = part
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,13 +118,16 @@ def fuse_qkv(model: torch.nn.Module) -> int:
         with torch.no_grad():
             weight = torch.cat([p.weight for p in parts])
             bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
-        sizes = [p.out_features for p in parts]
+            sizes = [p.out_features for p in parts]
+            for p, w in zip(parts, weight.split(sizes), strict=True):
+                p.weight.data = w
+            if bias is not None:
+                for p, b in zip(parts, bias.split(sizes), strict=True):
+                    p.bias.data = b
         cols = _Columns(weight, bias, sizes)
-        weights = weight.split(sizes)
-        biases = bias.split(sizes) if bias is not None else (None,) * 3
-        attn.q_proj = FusedQuery(parts[0], weights[0], biases[0], cols)
-        attn.k_proj = FusedPart(parts[1], weights[1], biases[1], cols, 1)
-        attn.v_proj = FusedPart(parts[2], weights[2], biases[2], cols, 2)
+        attn.q_proj = FusedQuery(parts[0], cols)
+        attn.k_proj = FusedPart(parts[1], cols, 1)
+        attn.v_proj = FusedPart(parts[2], cols, 2)
         fused += 1
     return fused
 

@@ -29,11 +29,13 @@ def test_fused_projections_give_the_model_s_logits_and_keep_its_state_dict(arch)
     with torch.no_grad():
         want = model(ids).logits
     shapes = {k: v.shape for k, v in model.state_dict().items()}
+    params = {k: id(v) for k, v in model.named_parameters()}
     fused = fuse_qkv(model)
     # Phi-3 stores its projections as one matrix already (qkv_proj): nothing to fuse
     assert fused == (0 if arch == "phi3" else model.config.num_hidden_layers)
     assert fuse_qkv(model) == 0  # fused modules are left as they are
     assert {k: v.shape for k, v in model.state_dict().items()} == shapes
+    assert {k: id(v) for k, v in model.named_parameters()} == params  # the same objects
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-5)
 
