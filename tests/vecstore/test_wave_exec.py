@@ -61,6 +61,10 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
     monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
     monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)
     assert wave_streams.pipeline_groups(4, 1) == groups
+    roles = []  # the stream roles the steps ask for
+    get = wave_streams.StreamPool.get
+    monkeypatch.setattr(wave_streams.StreamPool, "get", lambda self, dev, role, group=0: (
+        roles.append(role), get(self, dev, role, group))[1])
     gen = torch.Generator().manual_seed(1)
     cfg = StoreConfig.from_dict({**CFG.to_dict(), "index": {
         **CFG.to_dict()["index"], "radius_weight": radius_weight}})
@@ -77,6 +81,10 @@ def test_float32_scoring_matches_reference_exactly(monkeypatch, offload, radius_
         assert (stats.tokens_total, stats.tokens_exact, stats.units_retrieved,
                 stats.units_estimated) == (ref[2].tokens_total, ref[2].tokens_exact,
                                            ref[2].units_retrieved, ref[2].units_estimated)
+    # a resident step in one group selects on the high-priority stream; pipelined groups
+    # and offloaded steps on the ordinary ones
+    sole = groups == 1 and not offload
+    assert ("sole" in roles, "select" in roles) == (sole, not sole)
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["resident", "offloaded"])
