@@ -48,6 +48,7 @@ LAYERS: dict[str, float] = {
     "vecstore.engine.layer_lineage": 5.0,
     "vecstore.engine.layer_indexes": 5.0,
     "vecstore.engine.layer_staging": 5.0,
+    "vecstore.engine.view_turnover": 5.0,
     "vecstore.engine.layer_state": 5.1,
     "vecstore.engine.lazy_layer": 5.2,
     "vecstore.engine.shared_tail": 5.2,

@@ -153,9 +153,9 @@ def test_growth_copies_only_the_rows_added_and_retires_the_old_view(unshared):
     want = _fresh(seqs)
     assert torch.equal(grown.keys[:, :, n_old:], want.keys[:, :, n_old:])
     assert torch.equal(grown.values, want.values)
-    assert views.take_retired() == [old]
+    assert views.turnover.take() == ([old], [(old, grown)])
     views.clear()
-    assert views.take_retired() == [grown]
+    assert views.turnover.take() == ([grown], [])
     rows, meta = _layer_bytes(seqs)
     assert store.memory()[PINNED][0] == rows and store.memory()[GPU][0] == meta
     store.close()

@@ -12,6 +12,7 @@ import torch
 from vecstore.engine.batch_share import grown_rows, share, stacked_rows
 from vecstore.engine.layer_state import LayerState
 from vecstore.engine.sequence import Sequence
+from vecstore.engine.view_turnover import ViewTurnover
 from vecstore.errors import CapacityError
 from vecstore.index.base import IndexView
 from vecstore.kvstore.base import KVStore, MemoryAccount, StoredRows, growable_rows
@@ -43,8 +44,9 @@ class BatchViews:
     The metadata is stacked anew (a small device copy). Anything else (a padded stack, a
     rollback, another batch, a row moved out of the stack, growth that does not fit)
     rebuilds it. Stacked views replaced (grown or rebuilt) or cleared are handed out by
-    :meth:`take_retired` (so an executor can free what it prepared for them; a grown view's
-    rows are the old view's, extended).
+    ``turnover`` (:class:`~vecstore.engine.view_turnover.ViewTurnover`; so an executor can
+    free what it prepared for them; a grown view's rows are the old view's, extended, and
+    it succeeds the old one).
 
     Parameters
     ----------
@@ -56,19 +58,7 @@ class BatchViews:
     def __init__(self, placement: Placement | None = None) -> None:
         self._placement = placement
         self._cache: dict[int, _Stacked] = {}
-        self._retired: list[IndexView] = []
-        self._successions: list[tuple[IndexView, IndexView]] = []
-
-    def take_retired(self) -> list[IndexView]:
-        """The stacked views replaced or cleared since the last call."""
-        retired, self._retired = self._retired, []
-        return retired
-
-    def take_successions(self) -> list[tuple[IndexView, IndexView]]:
-        """``(old, new)`` stacked views since the last call where ``new`` is ``old`` grown:
-        the same rows, each with segments appended (its units ``old``'s, then more)."""
-        successions, self._successions = self._successions, []
-        return successions
+        self.turnover = ViewTurnover()
 
     def clear(self) -> None:
         """Retire every stacked view and return its charges."""
@@ -161,11 +151,10 @@ class BatchViews:
                 assert v is not None and v.keys.shape[2] == n
                 rows.keys[b, :, n_old:].copy_(v.keys[0, :, n_old:])
                 rows.values[b, :, n_old:].copy_(v.values[0, :, n_old:])
-        self._retired.append(old.view)
         new = _Stacked(key, IndexView.stack(views, grown), rows, tier, (account, meta),
                        _lineages(states))
-        assert new.view is not None
-        self._successions.append((old.view, new.view))
+        assert old.view is not None and new.view is not None
+        self.turnover.retire(old.view, successor=new.view)
         self._cache[layer] = new
         return True
 
@@ -216,7 +205,7 @@ class BatchViews:
         if old.meta is not None:
             old.meta[0].release(old.meta[1])
         if old.view is not None:
-            self._retired.append(old.view)
+            self.turnover.retire(old.view)
 
 
 @dataclass(frozen=True, slots=True)

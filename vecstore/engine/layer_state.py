@@ -10,6 +10,7 @@ from vecstore.engine.layer_lineage import new_lineage
 from vecstore.engine.layer_mark import LayerMark
 from vecstore.engine.layer_staging import StagedAppend
 from vecstore.engine.tail import PendingTail, TailBuffer, TailHolder
+from vecstore.engine.view_turnover import ViewTurnover
 from vecstore.index.base import Index, IndexView, Segment
 from vecstore.kvstore.base import StoredRows
 from vecstore.kvstore.placement import Placement
@@ -34,8 +35,9 @@ class LayerState(TailHolder):
     :class:`~vecstore.errors.CapacityError` and leaves the layer as it was.
 
     Index views the layer replaces (it grew, rolled back, moved, shared its rows or was
-    released) are no longer queried: :meth:`take_retired` hands them to the engine, which
-    lets the executor free what it prepared for them.
+    released) are no longer queried: ``turnover`` (:class:`ViewTurnover`) hands them to the
+    engine, which lets the executor free what it prepared for them, or hand it to the view
+    that grew from one.
 
     ``version`` changes whenever the segments do; ``lineage``
     (:mod:`~vecstore.engine.layer_lineage`) only when segments are removed or replaced other
@@ -61,8 +63,7 @@ class LayerState(TailHolder):
         self.tail_buffer: TailBuffer | None = None  # a batch's (vecstore.engine.shared_tail)
         self._view: IndexView | None = None
         self._image: LayerImage | None = None
-        self._retired: list[IndexView] = []
-        self._successions: list[tuple[IndexView, IndexView]] = []
+        self.turnover = ViewTurnover()
 
     @property
     def num_tokens(self) -> int:
@@ -82,18 +83,6 @@ class LayerState(TailHolder):
     def rows(self) -> StoredRows | None:
         """The placed rows of every segment (``None`` before the first, or unplaced)."""
         return None if self._image is None else self._image.rows
-
-    def take_retired(self) -> list[IndexView]:
-        """The index views replaced since the last call, which no query will use again."""
-        retired, self._retired = self._retired, []
-        return retired
-
-    def take_successions(self) -> list[tuple[IndexView, IndexView]]:
-        """``(old, new)`` views since the last call where ``new`` replaced ``old`` by
-        appending segments: ``old``'s units are ``new``'s first ones, over the same rows
-        (so what an executor prepared for ``old`` can serve ``new``)."""
-        successions, self._successions = self._successions, []
-        return successions
 
     def mark(self) -> LayerMark:
         """The layer as it is now, for :meth:`restore`."""
@@ -252,7 +241,7 @@ class LayerState(TailHolder):
         assert image is not None
         self._image = image.over_rows(rows)
         self.segments, self._view = self._image.segments, self._image.view
-        self._retired.append(image.view)
+        self.turnover.retire(image.view)
         image.tier.free(image.rows)
 
     def release(self, *, forget: bool = True) -> None:
@@ -267,7 +256,7 @@ class LayerState(TailHolder):
             self._image = None
             image.free()
             if self._view is not None:
-                self._retired.append(self._view)
+                self.turnover.retire(self._view)
             if forget:
                 self.segments = []
                 self._view = None
@@ -294,7 +283,7 @@ class LayerState(TailHolder):
         """Make ``segments`` (or ``image``, their placed form) the layer's and free the old
         image, unless ``keep`` (it stays charged until the layer is placed again).
         ``appended``: ``segments`` are the layer's with more appended, so the new view
-        succeeds the old one (:meth:`take_successions`)."""
+        succeeds the old one (``turnover``)."""
         old, old_view = self._image, self._view
         if image is not None:
             self.segments, self._view = image.segments, image.view
@@ -305,7 +294,5 @@ class LayerState(TailHolder):
             if old is not None:
                 old.free(keep_rows=image is not None and image.took_old_rows)
         if old_view is not None and old_view is not self._view and self.placement is not None:
-            self._retired.append(old_view)
-            if appended and self._view is not None:
-                self._successions.append((old_view, self._view))
+            self.turnover.retire(old_view, successor=self._view if appended else None)
         self.version += 1

@@ -212,18 +212,17 @@ class QueryEngine:
         a view was replaced by appending to it, the executor may first hand what it
         prepared for it to its successor (a wave buffer's cache survives a segment flush)."""
         hand_over = getattr(self._executor, "hand_over", None)
-        states = list(states)
-        for source in [*states, self._batch_views]:
-            for old, new in source.take_successions():
+        taken = [s.turnover.take() for s in [*states, self._batch_views]]
+        for _, successions in taken:
+            for old, new in successions:
                 if hand_over is not None:
                     hand_over(old, new)
-        for state in states:
-            self.retire(state.take_retired())
-        self.retire(self._batch_views.take_retired())
+        for retired, _ in taken:
+            self.retire(retired)
 
     def release_views(self) -> None:
         """Retire every stacked view, return its budget charges and forget the batch views
         (after a rollback, a drop, or at close)."""
         self._batch_views.clear()
-        self._batch_views.take_successions()  # nothing is handed over to a cleared view
-        self.retire(self._batch_views.take_retired())
+        retired, _ = self._batch_views.turnover.take()  # none handed over to a cleared view
+        self.retire(retired)
