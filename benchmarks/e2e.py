@@ -93,6 +93,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, Timer, ceilings, machine  # noqa: E402
 from benchmarks.e2e_models import (  # noqa: E402
     MODELS,
+    block_cache_hit_rate,
     build_model,
     greedy,
     make_cache,
@@ -104,7 +105,6 @@ from benchmarks.flash_varlen import SPLITS_SUPPORTED  # noqa: E402
 from integrations.hf.cache import cache_kwarg  # noqa: E402
 from integrations.hf.fused_qkv import fuse_qkv  # noqa: E402
 from vecstore.config import CacheConfig  # noqa: E402
-from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
 
 MAX_BATCH = 64
 WARMUP_STEPS = 4  # untimed decode steps before the timed ones, for every cache
@@ -219,9 +219,9 @@ def measure(args: argparse.Namespace, model, name: str, batch: int, ids: torch.T
                   prefill_profile_to=profile_to if args.profile_prefill else None)
         if name.startswith("wave"):
             res["exact_fraction"] = cache.decode_stats.exact_fraction
-        executor = cache.store.executor if name == "wave-pinned" else None
-        if isinstance(executor, WaveExecutor):  # the block caches' share of retrieved
-            res["hit_rate"] = executor.buffer_stats().hit_rate  # clusters, every step
+        hit_rate = block_cache_hit_rate(name, cache)
+        if hit_rate is not None:
+            res["hit_rate"] = hit_rate
         tokens = length if name == "static" else res["mean_tokens"]
         res["kv_read_gb"] = kv_read_gb(model.config, name, batch, tokens, res)
         res["kv_read_gbs"] = res["kv_read_gb"] / res["step_ms"] * 1e3

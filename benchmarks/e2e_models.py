@@ -8,7 +8,7 @@ import torch
 
 from integrations.hf.cache import cache_kwarg
 
-__all__ = ["MODELS", "build_model", "make_cache", "make_step", "greedy"]
+__all__ = ["MODELS", "build_model", "make_cache", "make_step", "greedy", "block_cache_hit_rate"]
 
 MODELS = {  # hidden, q heads, KV heads, head dim, MLP, vocab
     "llama-3-8b": (4096, 32, 8, 128, 14336, 128256),
@@ -57,6 +57,16 @@ def make_cache(name: str, model, batch: int, length: int, *, compile_layers: boo
             config["cache"] = {"capacity": cache_capacity}
     return WaveCache(config, model, cuda_graphs=True if compile_layers else None,
                      compile_layers=compile_layers)
+
+
+def block_cache_hit_rate(name: str, cache) -> float | None:
+    """The share of retrieved clusters the block caches of cache ``name`` served over every
+    step so far: ``wave-pinned``'s where its executor is the wave executor (it is the torch
+    reference on a CPU), else ``None``."""
+    from vecstore.executor.wave_exec import WaveExecutor
+
+    executor = cache.store.executor if name == "wave-pinned" else None
+    return executor.buffer_stats().hit_rate if isinstance(executor, WaveExecutor) else None
 
 
 def make_step(name: str, model, cache, num_splits: int = 0, *, compile_layers: bool = False

@@ -38,8 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
 from benchmarks.e2e import prefill  # noqa: E402
-from benchmarks.e2e_models import MODELS, build_model, make_cache, make_step  # noqa: E402
-from vecstore.executor.wave_exec import WaveExecutor  # noqa: E402
+from benchmarks.e2e_models import (  # noqa: E402
+    MODELS,
+    block_cache_hit_rate,
+    build_model,
+    make_cache,
+    make_step,
+)
 
 WARMUP = 5  # steps left out of the profile (the first compiles and captures)
 SLOWEST = 8
@@ -143,9 +148,7 @@ def run(name: str, model, batch: int, context: int, steps: int,
                 if i >= WARMUP:
                     prof.disable()
                 times.append(time.perf_counter() - t0)
-        executor = cache.store.executor if name == "wave-pinned" else None
-        if isinstance(executor, WaveExecutor):
-            hit_rate = executor.buffer_stats().hit_rate
+        hit_rate = block_cache_hit_rate(name, cache)
     finally:
         cache.close()
     median = sorted(times)[len(times) // 2]
