@@ -30,9 +30,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, Timer, machine, print_row, write_results  # noqa: E402
-from benchmarks.e2e_models import greedy  # noqa: E402
+from benchmarks.e2e_models import MODELS, greedy  # noqa: E402
 
-HIDDEN, HEADS, KV_HEADS, DIM, INTER, VOCAB = 4096, 32, 8, 128, 14336, 128256
+HIDDEN, HEADS, KV_HEADS, DIM, INTER, VOCAB = MODELS["llama-3-8b"]
 
 
 def _ops(x: torch.Tensor, logits: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
