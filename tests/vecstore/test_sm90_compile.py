@@ -3,7 +3,7 @@
 The interpreter runs a kernel's Python, not the compiler: a kernel the compiler rejects (a
 global that is not a ``tl.constexpr``, say) passes every interpreter test and fails on the
 first GPU run. Here the wave executor's decode step (resident, pipelined, offloaded, both
-selection paths; int8, bfloat16 and float32 centroids) runs in the interpreter at the Llama head
+radix paths; int8, bfloat16 and float32 centroids) runs in the interpreter at the Llama head
 size with every launch recorded, then each recorded launch is compiled to an sm_90 cubin by
 a subprocess without the interpreter (:mod:`tests.kernel_compile`), and so is the stats
 kernel of captured steps. Every kernel of :mod:`vecstore.kernels` must be among the launches.
@@ -95,12 +95,10 @@ def _nearest_centroid() -> None:
 @interpreted
 def test_every_kernel_compiles_for_sm90(monkeypatch, tmp_path):
     from vecstore.executor import wave_streams
-    from vecstore.kernels import radix_select, row_select
+    from vecstore.kernels import radix_select
 
     with recorded_launches() as launches:
         _decode(torch.bfloat16)  # rows short enough for one program per row
-        monkeypatch.setattr(row_select, "ROW_SELECT_MAX", 0)  # the chunked selection
-        _decode(torch.bfloat16)  # its radix passes in one program per row
         monkeypatch.setattr(radix_select, "_ROW_RADIX_MAX", 0)  # the candidate-list path
         monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_ROWS", 1)
         monkeypatch.setattr(wave_streams, "_PIPELINE_MIN_SCORES", 0)

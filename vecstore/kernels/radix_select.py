@@ -23,7 +23,7 @@ from vecstore.kernels.backend import LazyKernel
 
 __all__ = [
     "RADIX_BITS", "RADIX_PASSES", "radix_keys", "radix_digit", "radix_threshold",
-    "prefix_digit", "radix_histogram", "radix_count", "radix_thresholds", "chained", "follow",
+    "radix_histogram", "radix_count", "radix_thresholds", "chained", "follow",
 ]
 
 RADIX_BITS = 5  # histogram bins 2**5: the warp-ballot histogram needs a multiple of 32
@@ -89,7 +89,7 @@ def radix_threshold(hist_ptr, k, PASSES: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def prefix_digit(key, valid, t, PASS: tl.constexpr, BITS: tl.constexpr):
+def _digit_of(key, valid, t, PASS: tl.constexpr, BITS: tl.constexpr):
     # pass PASS's digit of each key, and which keys take part: valid ones matching prefix t
     hi = 32 - BITS * PASS
     lo = hi - BITS if hi > BITS else 0
@@ -110,7 +110,7 @@ def radix_histogram(score_ptr, C, t, PASS: tl.constexpr, BITS: tl.constexpr,
         idx = c0 + tl.arange(0, BLOCK)
         valid = idx < C
         key = radix_keys(tl.load(score_ptr + idx, mask=valid, other=0.0))
-        digit, match = prefix_digit(key, valid, t, PASS, BITS)
+        digit, match = _digit_of(key, valid, t, PASS, BITS)
         h += tl.histogram(digit, 1 << BITS, mask=match)
     return h
 
@@ -121,7 +121,7 @@ def radix_count(key, valid, t1, t2, hist1_ptr, hist2_ptr, PASS: tl.constexpr,
     # add the histograms of pass PASS's digit over the keys that match prefix t1, and t2, to
     # the two thresholds' counts; one histogram serves both where the prefixes are the same
     # (always in pass 0, mostly in pass 1: a 5-bit first digit rarely splits them)
-    digit, match1 = prefix_digit(key, valid, t1, PASS, BITS)
+    digit, match1 = _digit_of(key, valid, t1, PASS, BITS)
     h1 = tl.histogram(digit, 1 << BITS, mask=match1)
     bins = tl.arange(0, 1 << BITS)
     tl.atomic_add(hist1_ptr + PASS * (1 << BITS) + bins, h1, mask=h1 > 0)
@@ -132,7 +132,7 @@ def radix_count(key, valid, t1, t2, hist1_ptr, hist2_ptr, PASS: tl.constexpr,
         if (t1 >> HI) == (t2 >> HI):
             h2 = h1
         else:
-            h2 = tl.histogram(digit, 1 << BITS, mask=prefix_digit(key, valid, t2, PASS, BITS)[1])
+            h2 = tl.histogram(digit, 1 << BITS, mask=_digit_of(key, valid, t2, PASS, BITS)[1])
     tl.atomic_add(hist2_ptr + PASS * (1 << BITS) + bins, h2, mask=h2 > 0)
 
 

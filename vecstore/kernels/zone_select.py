@@ -5,9 +5,7 @@ statistics :func:`vecstore.kernels.centroid_logits.centroid_logits` wrote) with 
 radix pass, then finds the ``k1``-th and ``k2``-th largest scores by a radix select (no sort;
 :func:`vecstore.kernels.radix_select.radix_thresholds`, which also records both thresholds
 per row) and writes the zones (:func:`vecstore.kernels.zone_write.write_zones`).
-:func:`select_zones` does the same from a given score. Rows of at most
-:data:`~vecstore.kernels.row_select.ROW_SELECT_MAX` clusters take one launch instead, a
-program per row (:func:`vecstore.kernels.row_select.select_in_rows`).
+:func:`select_zones` does the same from a given score.
 
 Rows are ``b * Hkv + h``; query rows ``(b * Hkv + h) * G + g`` (``[B, Hq]`` flattened).
 """
@@ -18,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from vecstore.kernels import row_select
 from vecstore.kernels._device import query_group
 from vecstore.kernels._rank_device import group_score, softmax_norm
 from vecstore.kernels.backend import LazyKernel
@@ -71,10 +68,6 @@ def select_ranked(logits: Logits, sizes: torch.Tensor, first_row: torch.Tensor,
         Written, as by :func:`select_zones`.
     """
     rows, num_clusters = sizes.shape
-    if num_clusters <= row_select.ROW_SELECT_MAX:
-        row_select.select_in_rows(sizes, first_row, k1, k2, out, rank=logits.rank,
-                                  pmax=logits.pmax, psum=logits.psum)
-        return
     group = logits.rank.shape[0] // rows
     splits = logits.pmax.shape[1]
     dev = sizes.device
@@ -108,9 +101,6 @@ def select_zones(score: torch.Tensor, sizes: torch.Tensor, first_row: torch.Tens
     out : Zones
         Written in place.
     """
-    if score.shape[1] <= row_select.ROW_SELECT_MAX:
-        row_select.select_in_rows(sizes, first_row, k1, k2, out, score=score)
-        return
     counts, ncand = _radix_counts(score.shape[0], score.device)
     write_zones(score, sizes, first_row, k1, k2, counts, ncand, 0, out)
 

@@ -1,7 +1,6 @@
 """select_zones and select_ranked: the zones are those of a stable top-k of the ranking score
-(the float64 group softmax of the index's ranking logits, for select_ranked), on every path:
-a program per row (row_select), and the chunked launches with row programs or candidate
-lists for the radix passes."""
+(the float64 group softmax of the index's ranking logits, for select_ranked), on every radix
+path."""
 
 from __future__ import annotations
 
@@ -12,22 +11,16 @@ from hypothesis import strategies as st
 
 from tests.interpreter import interpreted
 from vecstore.index.pages import group_softmax_rank
-from vecstore.kernels import radix_select, row_select, zone_write
+from vecstore.kernels import radix_select, zone_write
 from vecstore.kernels.centroid_logits import Logits
 from vecstore.kernels.zone_select import select_ranked, select_zones
 from vecstore.kernels.zones import Zones
 
-CHUNKED = 0  # ROW_SELECT_MAX that sends every row through the chunked launches
 
-
-@pytest.mark.parametrize(("row_select_max", "row_radix_max", "cand_fraction"),
-                         [(8192, 0, 8), (CHUNKED, 1 << 20, 8), (CHUNKED, 0, 8),
-                          (CHUNKED, 0, 1000)],
-                         ids=["row-select", "row-programs", "candidates", "candidates-overflow"])
+@pytest.mark.parametrize(("row_radix_max", "cand_fraction"), [(1 << 20, 8), (0, 8), (0, 1000)],
+                         ids=["row-programs", "candidates", "candidates-overflow"])
 @interpreted
-def test_select_zones_is_a_stable_top_k(monkeypatch, row_select_max, row_radix_max,
-                                        cand_fraction):
-    monkeypatch.setattr(row_select, "ROW_SELECT_MAX", row_select_max)
+def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, cand_fraction):
     monkeypatch.setattr(radix_select, "_ROW_RADIX_MAX", row_radix_max)
     # lists of 312 candidates overflow only where many scores tie (row 3, row 4 at k2);
     # lists of 2 overflow nearly everywhere
@@ -57,8 +50,8 @@ def test_select_zones_is_a_stable_top_k(monkeypatch, row_select_max, row_radix_m
 @interpreted
 def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     # random rows over a few distinct scores (many ties), empty clusters, any k1 <= k2;
-    # small chunks and walks so every path runs on a few hundred clusters: a program per
-    # row, radix row programs, and candidate lists that fit, or overflow
+    # small chunks and walks so every path runs on a few hundred clusters: row programs,
+    # and candidate lists that fit, or overflow
     rows = data.draw(st.integers(1, 3))
     C = data.draw(st.integers(1, 300))
     values = st.sampled_from([0.0, 0.5, 0.25, 1e-3, 7.0, -2.0, float("-inf")])
@@ -73,8 +66,7 @@ def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     first = (torch.cumsum(sizes, 1) - sizes).int()
     k2 = torch.tensor([data.draw(st.integers(0, C)) for _ in range(rows)], dtype=torch.int32)
     k1 = torch.tensor([data.draw(st.integers(0, int(k))) for k in k2], dtype=torch.int32)
-    patch = {(row_select, "ROW_SELECT_MAX"): data.draw(st.sampled_from([CHUNKED, 8192])),
-             (radix_select, "_ROW_RADIX_MAX"): data.draw(st.sampled_from([0, 1 << 20])),
+    patch = {(radix_select, "_ROW_RADIX_MAX"): data.draw(st.sampled_from([0, 1 << 20])),
              (radix_select, "_CAND_FRACTION"): data.draw(st.sampled_from([1, 4, 1000])),
              (zone_write, "_SELECT_BLOCK"): 64, (radix_select, "_RADIX_BLOCK"): 64}
     saved = {(m, k): getattr(m, k) for m, k in patch}
@@ -107,23 +99,19 @@ def _check_stable_top_k(score, sizes, first, k1, k2, z):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("num_clusters", "row_radix_max"),
-                         [(8192, 0), (40000, 1 << 20), (40000, 0)],
-                         ids=["row-select", "row-programs", "candidates"])
-def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, num_clusters, row_radix_max):
-    # compiled kernels: rows of one program, and rows long enough for the candidate lists;
-    # ties at both thresholds
+@pytest.mark.parametrize("row_radix_max", [1 << 20, 0], ids=["row-programs", "candidates"])
+def test_gpu_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max):
+    # compiled kernels: rows long enough for the candidate lists, ties at both thresholds
     monkeypatch.setattr(radix_select, "_ROW_RADIX_MAX", row_radix_max)
     gen = torch.Generator().manual_seed(8)
-    rows, C = 4, num_clusters
+    rows, C = 4, 40000
     score = torch.rand(rows, C, generator=gen) ** 4
     score[1, ::3] = score[1, 7]  # a third of the row tied
-    score[2, :C // 2] = float("-inf")
+    score[2, :20000] = float("-inf")
     sizes = torch.randint(0, 30, (rows, C), generator=gen, dtype=torch.int32)
     first = (torch.cumsum(sizes, 1) - sizes).int()
-    k1 = torch.tensor([700, 5000, 300, 1]) * C // 40000
-    k2 = torch.tensor([9000, 14000, 19000, 40000]) * C // 40000
-    k1, k2 = k1.int(), k2.int()
+    k1 = torch.tensor([700, 5000, 300, 1], dtype=torch.int32)
+    k2 = torch.tensor([9000, 14000, 19000, 40000], dtype=torch.int32)
     dev = torch.device("cuda")
     z = Zones.empty(rows, C, 5000, dev, e_max=40000)
     select_zones(score.to(dev), sizes.to(dev), first.to(dev), k1.to(dev), k2.to(dev), z)
@@ -175,15 +163,11 @@ def _min_gap(scores: torch.Tensor) -> float:
     return float(((u[1:] - u[:-1]) / u[1:].abs()).min()) if u.numel() > 1 else float("inf")
 
 
-@pytest.mark.parametrize("row_select_max", [8192, CHUNKED], ids=["row-select", "chunked"])
 @interpreted
-def test_select_ranked_takes_the_top_of_the_group_softmax(monkeypatch, gen, row_select_max):
-    monkeypatch.setattr(row_select, "ROW_SELECT_MAX", row_select_max)
+def test_select_ranked_takes_the_top_of_the_group_softmax(gen):
     _check_ranked(torch.device("cpu"), 4, 3, 700, 3, gen)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("row_select_max", [8192, CHUNKED], ids=["row-select", "chunked"])
-def test_gpu_select_ranked_llama_shape(monkeypatch, gen, row_select_max):
-    monkeypatch.setattr(row_select, "ROW_SELECT_MAX", row_select_max)
+def test_gpu_select_ranked_llama_shape(gen):
     _check_ranked(torch.device("cuda"), 64, 4, 8192, 40, gen)
