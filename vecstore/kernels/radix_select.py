@@ -39,6 +39,10 @@ RADIX_PASSES = triton.cdiv(32, RADIX_BITS)
 _ROW_RADIX_MAX = 8192
 _KEPT = triton.cdiv(15, RADIX_BITS)  # passes before the candidate lists: a 15-bit prefix or more
 _CAND_FRACTION = 8
+# a row program copies the scores still matching its threshold's prefix before this pass
+# into a list of its own (at most 1/_CAND_FRACTION of the row) and runs the later passes
+# over the list; 0: every pass over the whole row
+_ROW_COMPACT_AT = 2
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 
@@ -156,16 +160,39 @@ def _radix_pass_kernel(
     radix_count(key, valid, t1, t2, h1, h2, PASS, BITS)
 
 
+@triton.jit
+def _compact_prefix(src, n, t, PASS: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
+                    dst, CAP):
+    # copy the scores of src [n] whose keys match prefix t before pass PASS into dst (at
+    # most CAP kept, in order) and return how many matched; the copies are visible to the
+    # whole program on return
+    hi = 32 - BITS * PASS
+    found = tl.zeros([1], tl.int32)
+    for c0 in range(0, n, BLOCK):
+        idx = c0 + tl.arange(0, BLOCK)
+        valid = idx < n
+        s = tl.load(src + idx, mask=valid, other=0.0)
+        m = (valid & ((radix_keys(s) >> hi) == (t >> hi))).to(tl.int32)
+        pos = tl.sum(found, axis=0) + tl.cumsum(m, axis=0) - m
+        tl.store(dst + pos, s, mask=(m > 0) & (pos < CAP))
+        found += tl.sum(m, axis=0)
+    tl.debug_barrier()
+    return tl.sum(found, axis=0)
+
+
 def _radix_rows_kernel(
     score_ptr, cand_ptr, ncand_ptr, k1_ptr, k2_ptr, counts_ptr, thr_ptr, C, CAP,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    CANDIDATES: tl.constexpr, GDC: tl.constexpr,
+    CANDIDATES: tl.constexpr, COMPACT_AT: tl.constexpr, GDC: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
     # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
     # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
-    # overflowed their list; counts[row, which, pass] of the passes before FIRST are given,
-    # the others written; thr[row, which] receives the threshold (its uint32 key's bits)
+    # overflowed their list; with COMPACT_AT (> FIRST) the program copies the scores
+    # matching its prefix before that pass into its list itself and runs the passes from
+    # there over the list, unless they overflow it; counts[row, which, pass] of the passes
+    # before FIRST are given, the others written; thr[row, which] receives the threshold
+    # (its uint32 key's bits)
     follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
@@ -183,6 +210,11 @@ def _radix_rows_kernel(
         if p < FIRST:
             h = tl.load(hist + p * (1 << BITS) + bins)
         else:
+            if p == COMPACT_AT:
+                own = cand_ptr + (row * 2 + which) * CAP
+                found = _compact_prefix(src, n, tl.sum(t, axis=0), p, BITS, BLOCK, own, CAP)
+                if found <= CAP:
+                    src, n = own, found
             h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
@@ -252,10 +284,14 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
     chain = chained(score.device)
     if num_clusters <= _ROW_RADIX_MAX:
-        _RADIX_ROWS[(rows, 2)](score, score, counts, k1, k2, counts, thr, num_clusters, 0,
-                               FIRST=first_pass, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                               BLOCK=_RADIX_BLOCK, CANDIDATES=False, num_warps=_RADIX_WARPS,
-                               **chain)
+        at = _ROW_COMPACT_AT if _ROW_COMPACT_AT > first_pass else 0
+        cap = max(1, num_clusters // _CAND_FRACTION)
+        cand = (torch.empty(rows, 2, cap, dtype=torch.float32, device=score.device) if at
+                else score)
+        _RADIX_ROWS[(rows, 2)](score, cand, counts, k1, k2, counts, thr,
+                               num_clusters, cap, FIRST=first_pass, PASSES=RADIX_PASSES,
+                               BITS=RADIX_BITS, BLOCK=_RADIX_BLOCK, CANDIDATES=False,
+                               COMPACT_AT=at, num_warps=_RADIX_WARPS, **chain)
         return
     for p in range(first_pass, _KEPT):
         _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix,
@@ -266,5 +302,5 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
                              **radix, **chain)
     _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, thr, num_clusters, cap,
                            FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
-                           BLOCK=_RADIX_BLOCK, CANDIDATES=True, num_warps=_RADIX_WARPS,
-                           **chain)
+                           BLOCK=_RADIX_BLOCK, CANDIDATES=True, COMPACT_AT=0,
+                           num_warps=_RADIX_WARPS, **chain)

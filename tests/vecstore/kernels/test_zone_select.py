@@ -50,8 +50,9 @@ def test_select_zones_is_a_stable_top_k(monkeypatch, row_radix_max, cand_fractio
 @interpreted
 def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     # random rows over a few distinct scores (many ties), empty clusters, any k1 <= k2;
-    # small chunks and walks so every path runs on a few hundred clusters: row programs,
-    # and candidate lists that fit, or overflow
+    # small chunks and walks so every path runs on a few hundred clusters: row programs
+    # over the whole row or over lists of their own from any pass, and candidate lists
+    # that fit, or overflow
     rows = data.draw(st.integers(1, 3))
     C = data.draw(st.integers(1, 300))
     values = st.sampled_from([0.0, 0.5, 0.25, 1e-3, 7.0, -2.0, float("-inf")])
@@ -67,6 +68,7 @@ def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     k2 = torch.tensor([data.draw(st.integers(0, C)) for _ in range(rows)], dtype=torch.int32)
     k1 = torch.tensor([data.draw(st.integers(0, int(k))) for k in k2], dtype=torch.int32)
     patch = {(radix_select, "_ROW_RADIX_MAX"): data.draw(st.sampled_from([0, 1 << 20])),
+             (radix_select, "_ROW_COMPACT_AT"): data.draw(st.sampled_from([0, 1, 2, 4])),
              (radix_select, "_CAND_FRACTION"): data.draw(st.sampled_from([1, 4, 1000])),
              (zone_write, "_SELECT_BLOCK"): 64, (radix_select, "_RADIX_BLOCK"): 64}
     saved = {(m, k): getattr(m, k) for m, k in patch}
