@@ -43,6 +43,7 @@ _CAND_FRACTION = 8
 # into a list of its own (at most 1/_CAND_FRACTION of the row) and runs the later passes
 # over the list; 0: every pass over the whole row
 _ROW_COMPACT_AT = 2
+_LIST_BLOCK = 1024  # scores per step of a row program's walk over its own list
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 
@@ -183,7 +184,8 @@ def _compact_prefix(src, n, t, PASS: tl.constexpr, BITS: tl.constexpr, BLOCK: tl
 def _radix_rows_kernel(
     score_ptr, cand_ptr, ncand_ptr, k1_ptr, k2_ptr, counts_ptr, thr_ptr, C, CAP,
     FIRST: tl.constexpr, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    CANDIDATES: tl.constexpr, COMPACT_AT: tl.constexpr, GDC: tl.constexpr,
+    CANDIDATES: tl.constexpr, COMPACT_AT: tl.constexpr, LIST_BLOCK: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
     # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
@@ -210,12 +212,18 @@ def _radix_rows_kernel(
         if p < FIRST:
             h = tl.load(hist + p * (1 << BITS) + bins)
         else:
-            if p == COMPACT_AT:
-                own = cand_ptr + (row * 2 + which) * CAP
-                found = _compact_prefix(src, n, tl.sum(t, axis=0), p, BITS, BLOCK, own, CAP)
-                if found <= CAP:
-                    src, n = own, found
-            h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
+            if COMPACT_AT == 0 or p < COMPACT_AT:
+                h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
+            else:
+                if p == COMPACT_AT:
+                    own = cand_ptr + (row * 2 + which) * CAP
+                    listed = _compact_prefix(src, n, tl.sum(t, axis=0), p, BITS, BLOCK, own,
+                                             CAP)
+                # a short list is walked in short blocks: a histogram costs every lane
+                if listed <= CAP:
+                    h = radix_histogram(own, listed, tl.sum(t, axis=0), p, BITS, LIST_BLOCK)
+                else:
+                    h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
         t = t | d
@@ -291,7 +299,8 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
         _RADIX_ROWS[(rows, 2)](score, cand, counts, k1, k2, counts, thr,
                                num_clusters, cap, FIRST=first_pass, PASSES=RADIX_PASSES,
                                BITS=RADIX_BITS, BLOCK=_RADIX_BLOCK, CANDIDATES=False,
-                               COMPACT_AT=at, num_warps=_RADIX_WARPS, **chain)
+                               COMPACT_AT=at, LIST_BLOCK=_LIST_BLOCK, num_warps=_RADIX_WARPS,
+                               **chain)
         return
     for p in range(first_pass, _KEPT):
         _RADIX_PASS[(rows, nchunk)](score, k1, k2, counts, num_clusters, PASS=p, **radix,
@@ -303,4 +312,4 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
     _RADIX_ROWS[(rows, 2)](score, cand, ncand, k1, k2, counts, thr, num_clusters, cap,
                            FIRST=_KEPT, PASSES=RADIX_PASSES, BITS=RADIX_BITS,
                            BLOCK=_RADIX_BLOCK, CANDIDATES=True, COMPACT_AT=0,
-                           num_warps=_RADIX_WARPS, **chain)
+                           LIST_BLOCK=_LIST_BLOCK, num_warps=_RADIX_WARPS, **chain)

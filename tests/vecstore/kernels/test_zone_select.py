@@ -70,7 +70,8 @@ def test_select_zones_is_a_stable_top_k_for_any_scores(data):
     patch = {(radix_select, "_ROW_RADIX_MAX"): data.draw(st.sampled_from([0, 1 << 20])),
              (radix_select, "_ROW_COMPACT_AT"): data.draw(st.sampled_from([0, 1, 2, 4])),
              (radix_select, "_CAND_FRACTION"): data.draw(st.sampled_from([1, 4, 1000])),
-             (zone_write, "_SELECT_BLOCK"): 64, (radix_select, "_RADIX_BLOCK"): 64}
+             (zone_write, "_SELECT_BLOCK"): 64, (radix_select, "_RADIX_BLOCK"): 64,
+             (radix_select, "_LIST_BLOCK"): 16}
     saved = {(m, k): getattr(m, k) for m, k in patch}
     try:
         for (m, k), v in patch.items():
