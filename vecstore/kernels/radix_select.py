@@ -190,7 +190,7 @@ def _radix_rows_kernel(
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
     # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
     # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
-    # overflowed their list; with COMPACT_AT (> FIRST) the program copies the scores
+    # overflowed their list; with COMPACT_AT (>= FIRST, > 0) the program copies the scores
     # matching its prefix before that pass into its list itself and runs the passes from
     # there over the list, unless they overflow it; counts[row, which, pass] of the passes
     # before FIRST are given, the others written; thr[row, which] receives the threshold
@@ -292,7 +292,7 @@ def radix_thresholds(score: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
     radix = {"PASSES": RADIX_PASSES, "BITS": RADIX_BITS, "BLOCK": block}
     chain = chained(score.device)
     if num_clusters <= _ROW_RADIX_MAX:
-        at = _ROW_COMPACT_AT if _ROW_COMPACT_AT > first_pass else 0
+        at = _ROW_COMPACT_AT if _ROW_COMPACT_AT >= max(1, first_pass) else 0
         cap = max(1, num_clusters // _CAND_FRACTION)
         cand = (torch.empty(rows, 2, cap, dtype=torch.float32, device=score.device) if at
                 else score)

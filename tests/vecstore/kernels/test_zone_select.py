@@ -166,8 +166,12 @@ def _min_gap(scores: torch.Tensor) -> float:
     return float(((u[1:] - u[:-1]) / u[1:].abs()).min()) if u.numel() > 1 else float("inf")
 
 
+@pytest.mark.parametrize("compact_at", [0, 1, 2], ids=["whole-rows", "list-at-1", "list-at-2"])
 @interpreted
-def test_select_ranked_takes_the_top_of_the_group_softmax(gen):
+def test_select_ranked_takes_the_top_of_the_group_softmax(monkeypatch, gen, compact_at):
+    # the radix passes after the score kernel's first: over the whole row, or over a row
+    # program's own list from pass 1 or 2
+    monkeypatch.setattr(radix_select, "_ROW_COMPACT_AT", compact_at)
     _check_ranked(torch.device("cpu"), 4, 3, 700, 3, gen)
 
 
