@@ -43,7 +43,7 @@ _CAND_FRACTION = 8
 # into a list of its own (at most 1/_CAND_FRACTION of the row) and runs the later passes
 # over the list; 0: every pass over the whole row
 _ROW_COMPACT_AT = 2
-_LIST_BLOCK = 1024  # scores per step of a row program's walk over its own list
+_LIST_BLOCK = 1024  # scores per step of a row program's walk over a list
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 
@@ -188,13 +188,13 @@ def _radix_rows_kernel(
     GDC: tl.constexpr,
 ):
     # the radix passes FIRST.. of one row and threshold (which 0: k1, 1: k2), each over the
-    # whole row, or with CANDIDATES over the threshold's candidates (the scores matching its
-    # prefix after FIRST passes, _radix_compact_kernel) unless more than CAP of them
-    # overflowed their list; with COMPACT_AT (>= FIRST, > 0) the program copies the scores
-    # matching its prefix before that pass into its list itself and runs the passes from
-    # there over the list, unless they overflow it; counts[row, which, pass] of the passes
-    # before FIRST are given, the others written; thr[row, which] receives the threshold
-    # (its uint32 key's bits)
+    # whole row, or over a list: with CANDIDATES the threshold's candidates (the scores
+    # matching its prefix after FIRST passes, _radix_compact_kernel), with COMPACT_AT
+    # (>= FIRST, > 0) the scores matching its prefix before that pass, which the program
+    # copies into its list itself; a list that overflowed CAP is not walked (the row is).
+    # Lists are walked LIST_BLOCK scores a step: a histogram costs every lane, masked or
+    # not. counts[row, which, pass] of the passes before FIRST are given, the others
+    # written; thr[row, which] receives the threshold (its uint32 key's bits)
     follow(GDC)
     row = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
@@ -202,28 +202,25 @@ def _radix_rows_kernel(
     hist = counts_ptr + (row * 2 + which) * PASSES * (1 << BITS)
     bins = tl.arange(0, 1 << BITS)
     src, n = score_ptr + row * C, C
+    own = cand_ptr + (row * 2 + which) * CAP
     if CANDIDATES:
-        found = tl.load(ncand_ptr + row * 2 + which)
-        if found <= CAP:
-            src, n = cand_ptr + (row * 2 + which) * CAP, found
+        listed = tl.load(ncand_ptr + row * 2 + which)
     t = tl.zeros([1], tl.uint32)
     above = tl.zeros([1], tl.int32)
     for p in tl.static_range(PASSES):
         if p < FIRST:
             h = tl.load(hist + p * (1 << BITS) + bins)
         else:
-            if COMPACT_AT == 0 or p < COMPACT_AT:
-                h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
-            else:
-                if p == COMPACT_AT:
-                    own = cand_ptr + (row * 2 + which) * CAP
-                    listed = _compact_prefix(src, n, tl.sum(t, axis=0), p, BITS, BLOCK, own,
-                                             CAP)
-                # a short list is walked in short blocks: a histogram costs every lane
+            prefix = tl.sum(t, axis=0)
+            if COMPACT_AT > 0 and p == COMPACT_AT:
+                listed = _compact_prefix(src, n, prefix, p, BITS, BLOCK, own, CAP)
+            if CANDIDATES or (COMPACT_AT > 0 and p >= COMPACT_AT):
                 if listed <= CAP:
-                    h = radix_histogram(own, listed, tl.sum(t, axis=0), p, BITS, LIST_BLOCK)
+                    h = radix_histogram(own, listed, prefix, p, BITS, LIST_BLOCK)
                 else:
-                    h = radix_histogram(src, n, tl.sum(t, axis=0), p, BITS, BLOCK)
+                    h = radix_histogram(src, n, prefix, p, BITS, BLOCK)
+            else:
+                h = radix_histogram(src, n, prefix, p, BITS, BLOCK)
             tl.store(hist + p * (1 << BITS) + bins, h)
         d, above = radix_digit(h[None, :], above, k, p, BITS)
         t = t | d
