@@ -41,9 +41,15 @@ _KEPT = triton.cdiv(15, RADIX_BITS)  # passes before the candidate lists: a 15-b
 _CAND_FRACTION = 8
 # a row program copies the scores still matching its threshold's prefix before this pass
 # into a list of its own (at most 1/_CAND_FRACTION of the row) and runs the later passes
-# over the list; 0: every pass over the whole row
-_ROW_COMPACT_AT = 2
-_LIST_BLOCK = 1024  # scores per step of a row program's walk over a list
+# over the list (0: every pass over the whole row), walking lists _LIST_BLOCK scores a step.
+# H200 captured steps at 1 / 4 / 8 / 24 x 128K (variants/radix_lists.md, one process):
+# 0.0651 / 0.0990 / 0.139 / 0.343 ms from pass 3 with blocks of 1024, 0.0636 / 0.0991 /
+# 0.138 / 0.342 with 512, against 0.0663 / 0.1006 / 0.1415 / 0.346 over the whole row
+# in blocks of 4096; from pass 2 or 1 slower than the whole row (0.147 at 8 x 128K: the
+# 10-bit prefix overflows the lists), from pass 4 0.141; 4 x 512K and 4 x 1M (candidate
+# lists in blocks of 512) within 1 %
+_ROW_COMPACT_AT = 3
+_LIST_BLOCK = 512
 _RADIX_BLOCK = 4096  # scores per step of a row program's walk
 _RADIX_WARPS = 16
 
